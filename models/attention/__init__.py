@@ -1,0 +1,14 @@
+"""One module per attention variant; importing this package registers them all."""
+from models.attention import (  # noqa: F401  (imported for registration, in table order)
+    full,
+    local,
+    strided,
+    global_tokens,
+    longformer,
+    bigbird,
+    lsh,
+    sinkhorn,
+    linformer,
+    compressed,
+    synthesizer,
+)

@@ -1,0 +1,92 @@
+"""What every attention variant shares: its config base, its call signature, its weights form.
+
+A variant replaces only the score/softmax/mix step of self-attention. It is an nn.Module
+built from its config dataclass and called as
+
+    out, weights = attention(q, k, v, key_valid, need_weights=False)
+
+q, k, v: (B, H, N, D) after the pretrained projections; key_valid: (B, N) bool, False on
+padding. out: (B, H, N, D). weights: None unless need_weights, else a list of SlotWeights
+that together give every query's attention over the tokens (see `models.sparse`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+# Added to the scores of keys a query may not see. Finite, so a query with no visible key
+# (only ever a padding query) gets a finite garbage row instead of NaN that would leak.
+MASKED = -1e30
+
+
+class SlotWeights(NamedTuple):
+    """Attention of some queries over some tokens, S slots per query.
+
+    rows: (R,) or (B|1, H|1, R) token index of each query; cols: broadcastable to
+    (B, H, R, S), the token each slot reads; probs: (B, H, R, S), its weight (0 for unused
+    slots). Several blocks for one layer add up (a token reached twice gets both weights).
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    probs: torch.Tensor
+
+
+@dataclasses.dataclass
+class AttentionConfig:
+    """Parameters every variant has.
+
+    position_period: tokens are numbered i mod period before the learned position table is
+        looked up; 512 tiles the pretrained table (Longformer's choice), 256 restarts it in
+        every 256-token block (what chunked embedding does).
+    """
+
+    variant: ClassVar[str] = ""
+    position_period: int = 512
+
+    def validate(self, max_length: int) -> None:
+        """Raise ValueError naming the parameter when a value cannot work."""
+        check(1 <= self.position_period <= 512, "position_period", "must be in 1..512 (the pretrained table has 512 rows)")
+
+
+def check(ok: bool, name: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid parameter {name}: {why}")
+
+
+class Attention(nn.Module):
+    """Base of every variant: holds its config and shape; subclasses implement forward."""
+
+    config_class: ClassVar[type[AttentionConfig]] = AttentionConfig
+    cost: ClassVar[str] = "O(N^2)"
+    is_mask: ClassVar[bool] = False  # True when it equals dense softmax under a boolean mask
+
+    def __init__(self, config: AttentionConfig, num_heads: int, head_dim: int, max_length: int):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.max_length = max_length
+        self.scale = head_dim**-0.5
+
+    def allowed_mask(self, key_valid: torch.Tensor) -> torch.Tensor:
+        """(B, H|1, N, N) bool: which keys each query sees. Only mask-type variants have it;
+        it builds an N x N tensor and exists for tests and small inputs."""
+        raise NotImplementedError(f"{type(self).__name__} is not a mask over dense attention")
+
+
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of the allowed entries; rows with none allowed become 0."""
+    probs = torch.softmax(scores.masked_fill(~allowed, MASKED), dim=-1)
+    return probs * allowed
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int, value: float = 0.0) -> torch.Tensor:
+    """Pad dim of x at its end up to a multiple of `multiple` (no Python branch on shapes)."""
+    n = x.shape[dim]
+    extra = (multiple - n % multiple) % multiple
+    pad = [0, 0] * (x.dim() - 1 - (dim % x.dim())) + [0, extra]
+    return nn.functional.pad(x, pad, value=value)

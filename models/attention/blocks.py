@@ -1,0 +1,150 @@
+"""Building blocks shared by the block-sparse variants.
+
+The pattern: cut the (padded) sequence into query blocks, gather for each block a context of
+S keys, and run softmax attention of the block over its context under a boolean mask. Peak
+memory is O(N * S), never N x N. The fused kernel (scaled_dot_product_attention) runs the
+common path; the explicit path runs only when the weights are asked for.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.attention.base import MASKED, SlotWeights, masked_softmax, pad_to_multiple
+
+
+def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):
+    """Attention of query blocks over their own gathered context.
+
+    q: (B, H, nb, bs, D); k_ctx, v_ctx: (B, H, nb, S, D); allowed: (B, H|1, nb, bs, S) bool.
+    Returns out (B, H, nb, bs, D) and, if need_weights, probs (B, H, nb, bs, S).
+    """
+    if need_weights:
+        scores = torch.einsum("bhnqd,bhnkd->bhnqk", q, k_ctx) * scale
+        probs = masked_softmax(scores, allowed)
+        return torch.einsum("bhnqk,bhnkd->bhnqd", probs, v_ctx), probs
+    batch, heads, nb, bs, dim = q.shape
+    ctx = k_ctx.shape[3]
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, MASKED)
+    if allowed.shape[1] == 1:
+        # One mask for all heads: blocks become the kernel's batch, heads its head dim, so
+        # the mask broadcasts over heads instead of being copied for each.
+        def flat(x, length):
+            return x.transpose(1, 2).reshape(batch * nb, heads, length, dim)
+
+        out = F.scaled_dot_product_attention(
+            flat(q, bs), flat(k_ctx, ctx), flat(v_ctx, ctx),
+            attn_mask=bias.reshape(batch * nb, 1, bs, ctx), scale=scale,
+        )
+        return out.reshape(batch, nb, heads, bs, dim).transpose(1, 2), None
+    out = F.scaled_dot_product_attention(
+        q.reshape(-1, 1, bs, dim), k_ctx.reshape(-1, 1, ctx, dim), v_ctx.reshape(-1, 1, ctx, dim),
+        attn_mask=bias.reshape(-1, 1, bs, ctx), scale=scale,
+    )
+    return out.reshape(batch, heads, nb, bs, dim), None
+
+
+def neighbour_blocks(x: torch.Tensor, reach: int, fill=0) -> torch.Tensor:
+    """x: (B, H, nb, bs, *rest) with blocks on dim 2. Returns (B, H, nb, (2*reach+1)*bs, *rest):
+    for block b, blocks b-reach .. b+reach side by side (`fill` past either end)."""
+    nb = x.shape[2]
+    pad = [0, 0] * (x.dim() - 3) + [reach, reach]
+    padded = F.pad(x, pad, value=fill)
+    return torch.cat([padded[:, :, i : i + nb] for i in range(2 * reach + 1)], dim=3)
+
+
+def dense_rows_attention(q_rows, k, v, key_valid, scale, need_weights=False):
+    """Some query rows (B, H, R, D) over all N keys: what global tokens do."""
+    allowed = key_valid[:, None, None, :]
+    if need_weights:
+        scores = torch.einsum("bhrd,bhnd->bhrn", q_rows, k) * scale
+        probs = masked_softmax(scores, allowed)
+        return probs @ v, probs
+    return F.scaled_dot_product_attention(q_rows, k, v, attn_mask=allowed, scale=scale), None
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, N, D); rows: (B, R) token indices -> (B, H, R, D)."""
+    index = rows[:, None, :, None].expand(x.shape[0], x.shape[1], rows.shape[1], x.shape[3])
+    return x.gather(2, index)
+
+
+def replace_rows(out, rows, new_rows, keep_old):
+    """Write new_rows (B, H, R, D) at token rows (B, R) of out, except where keep_old (B, R)."""
+    old = gather_rows(out, rows)
+    new_rows = torch.where(keep_old[:, None, :, None], old, new_rows)
+    index = rows[:, None, :, None].expand_as(new_rows)
+    return out.scatter(2, index, new_rows)
+
+
+def banded_attention(q, k, v, key_valid, half, block, scale, global_rows=None, need_weights=False):
+    """Sliding-window attention (|i - j| <= half) plus optional global tokens.
+
+    global_rows: None or ((B, G) token indices, (B, G) bool valid). A global token attends to
+    every token and every token attends to it (its key is left out of the band so no query
+    counts it twice). Returns out (B, H, N, D) and a list of SlotWeights or None.
+    """
+    batch, heads, n, dim = q.shape
+    reach = -(-half // block)
+    qb, kb, vb = (pad_to_multiple(x, block, dim=2) for x in (q, k, v))
+    padded = qb.shape[2]
+    nb = padded // block
+    valid = pad_to_multiple(key_valid, block, dim=1, value=False)
+    is_global = torch.zeros_like(valid)
+    if global_rows is not None:
+        g_idx, g_valid = global_rows
+        is_global = is_global.scatter(1, g_idx, g_valid)
+    positions = torch.arange(padded, device=q.device).view(1, 1, nb, block)
+    ctx_pos = neighbour_blocks(positions, reach, fill=-(2**40))[0, 0]  # (nb, S)
+    band = (positions[0, 0, :, :, None] - ctx_pos[:, None, :]).abs() <= half  # (nb, bs, S)
+    ctx_valid = neighbour_blocks((valid & ~is_global).view(batch, 1, nb, block), reach, fill=False)
+    allowed = band[None, None] & ctx_valid[:, :, :, None, :]  # (B, 1, nb, bs, S)
+    k_ctx = neighbour_blocks(kb.view(batch, heads, nb, block, dim), reach)
+    v_ctx = neighbour_blocks(vb.view(batch, heads, nb, block, dim), reach)
+    if global_rows is not None:
+        g = g_idx.shape[1]
+        k_ctx = torch.cat([k_ctx, gather_rows(k, g_idx)[:, :, None].expand(-1, -1, nb, -1, -1)], dim=3)
+        v_ctx = torch.cat([v_ctx, gather_rows(v, g_idx)[:, :, None].expand(-1, -1, nb, -1, -1)], dim=3)
+        g_allowed = g_valid[:, None, None, None, :].expand(batch, 1, nb, block, g)
+        allowed = torch.cat([allowed, g_allowed], dim=4)
+    out, probs = context_attention(qb.view(batch, heads, nb, block, dim), k_ctx, v_ctx, allowed, scale, need_weights)
+    out = out.reshape(batch, heads, padded, dim)[:, :, :n]
+    weights = None
+    if need_weights:
+        cols = ctx_pos[:, None, :].expand(nb, block, -1)
+        if global_rows is not None:
+            cols = torch.cat([cols[None].expand(batch, -1, -1, -1), g_idx[:, None, None, :].expand(-1, nb, block, -1)], dim=3)
+            cols = cols.reshape(batch, 1, padded, -1)
+        else:
+            cols = cols.reshape(1, 1, padded, -1)
+        not_global_row = (~is_global)[:, None, :, None]
+        weights = [SlotWeights(torch.arange(padded, device=q.device), cols, probs.reshape(batch, heads, padded, -1) * not_global_row)]
+    if global_rows is not None:
+        g_out, g_probs = dense_rows_attention(gather_rows(q, g_idx), k, v, key_valid, scale, need_weights)
+        out = replace_rows(out, g_idx, g_out, ~g_valid)
+        if need_weights:
+            cols = torch.arange(n, device=q.device).view(1, 1, 1, n)
+            weights.append(SlotWeights(g_idx[:, None, :], cols, g_probs * g_valid[:, None, :, None]))
+    return out, weights
+
+
+def banded_mask(key_valid, half, global_rows=None):
+    """Dense (B, 1, N, N) reference of banded_attention's pattern, for tests."""
+    n = key_valid.shape[1]
+    pos = torch.arange(n, device=key_valid.device)
+    allowed = ((pos[:, None] - pos[None, :]).abs() <= half)[None].expand(key_valid.shape[0], n, n)
+    if global_rows is not None:
+        g_idx, g_valid = global_rows
+        is_global = torch.zeros_like(key_valid).scatter(1, g_idx, g_valid)
+        allowed = allowed | is_global[:, :, None] | is_global[:, None, :]
+    return (allowed & key_valid[:, None, :])[:, None]
+
+
+def global_positions(positions: tuple[int, ...], key_valid: torch.Tensor):
+    """(B, G) indices and validity of chosen global token positions; positions past a
+    document's end are invalid (and clamped so that gathers stay in range)."""
+    n = key_valid.shape[1]
+    idx = torch.tensor(positions, device=key_valid.device, dtype=torch.long)[None].expand(key_valid.shape[0], -1)
+    in_range = idx < n
+    idx = idx.clamp(max=n - 1)
+    return idx, in_range & key_valid.gather(1, idx)

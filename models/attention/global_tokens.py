@@ -1,0 +1,42 @@
+"""Global-token attention (the global part of Longformer / ETC / BigBird).
+
+A few chosen tokens attend to every token and every token attends to them; any other token
+sees only those global tokens and itself. O(N * g) for g global tokens.
+
+Parameters:
+    global_tokens: positions of the global tokens (0 is [CLS]); positions past a document's
+        end are ignored for that document.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from models.attention.base import Attention, AttentionConfig, check
+from models.attention.blocks import banded_attention, banded_mask, global_positions
+from models.registry import register_attention
+
+
+@dataclasses.dataclass
+class GlobalConfig(AttentionConfig):
+    global_tokens: tuple[int, ...] = (0,)
+
+    def validate(self, max_length):
+        super().validate(max_length)
+        check(len(self.global_tokens) >= 1, "global_tokens", "name at least one position")
+        check(len(set(self.global_tokens)) == len(self.global_tokens), "global_tokens", "positions must be distinct")
+        check(all(0 <= p < max_length for p in self.global_tokens), "global_tokens", f"positions must be in 0..{max_length - 1}")
+
+
+@register_attention("global")
+class GlobalTokenAttention(Attention):
+    config_class = GlobalConfig
+    cost = "O(N * g)"
+    is_mask = True
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
+        rows = global_positions(self.config.global_tokens, key_valid)
+        # A band of half-width 0 is "itself"; blocks of 32 keep the gathered context small.
+        return banded_attention(q, k, v, key_valid, 0, 32, self.scale, rows, need_weights)
+
+    def allowed_mask(self, key_valid):
+        return banded_mask(key_valid, 0, global_positions(self.config.global_tokens, key_valid))

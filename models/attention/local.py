@@ -1,0 +1,40 @@
+"""Local (sliding-window) attention, as in Image Transformer / Longformer's local part.
+
+Each token attends to the tokens at most window/2 positions away on either side, computed
+block by block (blocks of window/2 tokens, each reading itself and its two neighbours), so
+time and memory are O(N * window).
+
+Parameters:
+    window: span of the window in tokens; a token sees window/2 tokens on each side (512
+        means 256 each side).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from models.attention.base import Attention, AttentionConfig, check
+from models.attention.blocks import banded_attention, banded_mask
+from models.registry import register_attention
+
+
+@dataclasses.dataclass
+class LocalConfig(AttentionConfig):
+    window: int = 512
+
+    def validate(self, max_length):
+        super().validate(max_length)
+        check(self.window >= 2, "window", f"must be >= 2 tokens (got {self.window})")
+
+
+@register_attention("local")
+class SlidingWindowAttention(Attention):
+    config_class = LocalConfig
+    cost = "O(N * window)"
+    is_mask = True
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
+        half = self.config.window // 2
+        return banded_attention(q, k, v, key_valid, half, half, self.scale, None, need_weights)
+
+    def allowed_mask(self, key_valid):
+        return banded_mask(key_valid, self.config.window // 2)

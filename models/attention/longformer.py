@@ -1,0 +1,42 @@
+"""Longformer attention (Beltagy et al. 2020): a sliding window plus global tokens.
+
+Every token sees its window (window/2 tokens each side) and the global tokens; global tokens
+see everything. O(N * (window + g)).
+
+Parameters:
+    window: span of the sliding window in tokens (512 = 256 each side).
+    global_tokens: positions with global attention (0 is [CLS], Longformer's choice for
+        classification and embedding).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from models.attention.base import Attention, check
+from models.attention.blocks import banded_attention, banded_mask, global_positions
+from models.attention.global_tokens import GlobalConfig
+from models.attention.local import LocalConfig
+from models.registry import register_attention
+
+
+@dataclasses.dataclass
+class LongformerConfig(LocalConfig, GlobalConfig):
+    def validate(self, max_length):
+        LocalConfig.validate(self, max_length)
+        GlobalConfig.validate(self, max_length)
+
+
+@register_attention("longformer")
+class LongformerAttention(Attention):
+    config_class = LongformerConfig
+    cost = "O(N * (window + g))"
+    is_mask = True
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
+        half = self.config.window // 2
+        rows = global_positions(self.config.global_tokens, key_valid)
+        return banded_attention(q, k, v, key_valid, half, half, self.scale, rows, need_weights)
+
+    def allowed_mask(self, key_valid):
+        rows = global_positions(self.config.global_tokens, key_valid)
+        return banded_mask(key_valid, self.config.window // 2, rows)

@@ -1,0 +1,106 @@
+"""LSH attention (Kitaev et al. 2020, Reformer).
+
+Queries and keys are hashed with random rotations (angular LSH: bucket = argmax of [xR, -xR]
+over the unit-normalised vector), so vectors with a large dot product tend to share a bucket.
+Queries and keys are each sorted by (bucket, position) and cut into chunks; query chunk c
+attends to key chunks c-1, c, c+1 of the sorted keys. With several hash rounds each round is
+one such attention and the rounds are mixed by their softmax normalisers (log-sum-exp), as in
+Reformer. O(N * chunk * n_hashes) plus the sorts.
+
+The pretrained model has separate Q and K (Reformer shares them), so both are hashed with the
+same rotations. Rotations are a fixed buffer drawn once from `seed`; padding sorts after
+every real token, so a document gives the same result alone or in a padded batch.
+
+Parameters:
+    chunk: tokens per sorted chunk.
+    n_buckets: hash buckets per round (even).
+    n_hashes: hash rounds (1-8); more rounds, better recall, proportionally slower.
+    seed: seed of the rotation buffer.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from models.attention.base import Attention, AttentionConfig, SlotWeights, check, masked_softmax, pad_to_multiple
+from models.attention.blocks import neighbour_blocks
+from models.registry import register_attention
+
+
+@dataclasses.dataclass
+class LSHConfig(AttentionConfig):
+    chunk: int = 64
+    n_buckets: int = 32
+    n_hashes: int = 2
+    seed: int = 0
+
+    def validate(self, max_length):
+        super().validate(max_length)
+        check(self.chunk >= 1, "chunk", f"must be >= 1 (got {self.chunk})")
+        check(self.n_buckets >= 2 and self.n_buckets % 2 == 0, "n_buckets", f"must be even and >= 2 (got {self.n_buckets})")
+        check(1 <= self.n_hashes <= 8, "n_hashes", f"must be in 1..8 (got {self.n_hashes})")
+
+
+@register_attention("lsh")
+class LSHAttention(Attention):
+    config_class = LSHConfig
+    cost = "O(N * chunk * n_hashes + N log N)"
+
+    def __init__(self, config, num_heads, head_dim, max_length):
+        super().__init__(config, num_heads, head_dim, max_length)
+        generator = torch.Generator().manual_seed(config.seed)
+        rotations = torch.randn(config.n_hashes, num_heads, head_dim, config.n_buckets // 2, generator=generator)
+        self.register_buffer("rotations", rotations)
+
+    def sorted_order(self, x, valid, round_):
+        """(B, H, N) permutation sorting tokens by (bucket, position); padding goes last."""
+        n = x.shape[2]
+        rotated = torch.einsum("bhnd,hdr->bhnr", F.normalize(x, dim=-1), self.rotations[round_])
+        bucket = torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)
+        bucket = torch.where(valid[:, None, :], bucket, self.config.n_buckets)
+        position = torch.arange(n, device=x.device)
+        return torch.argsort(bucket * n + position, dim=-1)
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
+        c = self.config
+        batch, heads, n, dim = q.shape
+        outs, lses, weights = [], [], []
+        for round_ in range(c.n_hashes):
+            q_order = self.sorted_order(q, key_valid, round_)
+            k_order = self.sorted_order(k, key_valid, round_)
+
+            def sort(x, order):
+                return pad_to_multiple(x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1])), c.chunk, dim=2)
+
+            qs = sort(q, q_order)
+            nc = qs.shape[2] // c.chunk
+            ks = neighbour_blocks(sort(k, k_order).view(batch, heads, nc, c.chunk, dim), 1)
+            vs = neighbour_blocks(sort(v, k_order).view(batch, heads, nc, c.chunk, dim), 1)
+            k_valid = pad_to_multiple(key_valid[:, None, :].expand(-1, heads, -1).gather(2, k_order), c.chunk, dim=2, value=False)
+            k_pos = pad_to_multiple(k_order, c.chunk, dim=2, value=-1)
+            allowed = neighbour_blocks(k_valid.view(batch, heads, nc, c.chunk), 1, fill=False)[:, :, :, None, :]
+            scores = torch.einsum("bhnqd,bhnkd->bhnqk", qs.view(batch, heads, nc, c.chunk, dim), ks) * self.scale
+            lse = torch.logsumexp(scores.masked_fill(~allowed, -1e30), dim=-1)  # (B, H, nc, chunk)
+            probs = masked_softmax(scores, allowed)
+            out = torch.einsum("bhnqk,bhnkd->bhnqd", probs, vs).reshape(batch, heads, -1, dim)[:, :, :n]
+            # Back to token order.
+            unsort = torch.argsort(q_order, dim=-1)
+            outs.append(out.gather(2, unsort[..., None].expand(-1, -1, -1, dim)))
+            lses.append(lse.reshape(batch, heads, -1)[:, :, :n].gather(2, unsort))
+            if need_weights:
+                cols = neighbour_blocks(k_pos.view(batch, heads, nc, c.chunk), 1, fill=-1)[:, :, :, None, :]
+                cols = cols.expand(-1, -1, -1, c.chunk, -1).reshape(batch, heads, nc * c.chunk, -1)[:, :, :n]
+                weights.append((q_order, cols, probs.reshape(batch, heads, nc * c.chunk, -1)[:, :, :n]))
+        # Each round's normaliser weighs its output: the rounds together approximate one
+        # softmax over the union of what they saw.
+        mix = torch.softmax(torch.stack(lses), dim=0)  # (n_hashes, B, H, N)
+        out = (torch.stack(outs) * mix[..., None]).sum(0)
+        if not need_weights:
+            return out, None
+        slot_weights = []
+        for round_, (q_order, cols, probs) in enumerate(weights):
+            round_mix = mix[round_].gather(2, q_order)[..., None]  # sorted query order
+            slot_weights.append(SlotWeights(q_order, cols, probs * round_mix))
+        return out, slot_weights

@@ -1,0 +1,108 @@
+"""Sparse Sinkhorn attention (Tay et al. 2020).
+
+Keys are cut into blocks. A small sorting net scores every pair of blocks from their mean
+keys; Sinkhorn normalisation (alternating row and column log-normalisation at a temperature)
+turns the scores into a soft permutation of the blocks. Each query block then attends to its
+local blocks and to the block the permutation sorts into its place. At inference the soft
+permutation is rounded to its row-wise argmax, so every query block reads exactly one sorted
+block and its attention map stays sparse and exact. O(N * block + (N / block)^2).
+
+Initialisation (no training happens here): the sorting net starts at zero with a diagonal
+bonus, i.e. the identity sort, so out of the box every block is sorted onto itself and the
+variant is block-local attention over the pretrained Q, K, V.
+
+Parameters:
+    block: tokens per block.
+    local_blocks: neighbouring blocks read on each side besides the sorted one.
+    iterations: Sinkhorn normalisation rounds.
+    temperature: divides the sorting scores before normalisation (lower = harder sort).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
+from models.attention.blocks import context_attention, neighbour_blocks
+from models.registry import register_attention
+
+IDENTITY_BONUS = 10.0  # diagonal score at initialisation: the identity sort
+
+
+@dataclasses.dataclass
+class SinkhornConfig(AttentionConfig):
+    block: int = 64
+    local_blocks: int = 1
+    iterations: int = 8
+    temperature: float = 0.75
+
+    def validate(self, max_length):
+        super().validate(max_length)
+        check(1 <= self.block <= max_length, "block", f"must be in 1..max_length {max_length} (got {self.block})")
+        check(self.local_blocks >= 0, "local_blocks", f"must be >= 0 (got {self.local_blocks})")
+        check(self.iterations >= 1, "iterations", f"must be >= 1 (got {self.iterations})")
+        check(self.temperature > 0, "temperature", f"must be > 0 (got {self.temperature})")
+
+
+@register_attention("sinkhorn")
+class SinkhornAttention(Attention):
+    config_class = SinkhornConfig
+    cost = "O(N * block + (N / block)^2)"
+
+    def __init__(self, config, num_heads, head_dim, max_length):
+        super().__init__(config, num_heads, head_dim, max_length)
+        # Sorting net: score(i, j) = (W s_i) . s_j + bonus * [i == j], s = a block's mean key.
+        self.sort_projection = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))
+        self.identity_bonus = nn.Parameter(torch.tensor(IDENTITY_BONUS))
+
+    def sorted_blocks(self, k, key_valid):
+        """(B, H, nb) index of the key block sorted into each block's place."""
+        c = self.config
+        batch, heads, _, dim = k.shape
+        kb = pad_to_multiple(k, c.block, dim=2)
+        nb = kb.shape[2] // c.block
+        valid = pad_to_multiple(key_valid, c.block, dim=1, value=False).view(batch, 1, nb, c.block, 1)
+        summary = (kb.view(batch, heads, nb, c.block, dim) * valid).sum(3) / valid.sum(3).clamp(min=1)
+        scores = torch.einsum("bhid,hde,bhje->bhij", summary, self.sort_projection, summary)
+        eye = torch.eye(nb, dtype=torch.bool, device=k.device)
+        scores = scores + self.identity_bonus * eye
+        # Real blocks sort among real blocks only; empty (padding) blocks stay in place.
+        real = valid.view(batch, nb, c.block).any(-1)
+        same_kind = real[:, :, None] == real[:, None, :]
+        log_p = (scores / c.temperature).masked_fill(~same_kind[:, None] | (~real[:, None, :, None] & ~eye), -1e30)
+        for _ in range(c.iterations):
+            log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
+            log_p = log_p - torch.logsumexp(log_p, dim=-2, keepdim=True)
+        return log_p.argmax(dim=-1)
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
+        c = self.config
+        batch, heads, n, dim = q.shape
+        qb, kb, vb = (pad_to_multiple(x, c.block, dim=2) for x in (q, k, v))
+        padded = qb.shape[2]
+        nb = padded // c.block
+        valid = pad_to_multiple(key_valid, c.block, dim=1, value=False).view(batch, 1, nb, c.block)
+        target = self.sorted_blocks(k, key_valid)  # (B, H, nb)
+
+        def local_and_sorted(x, fill=0):  # (B, H, nb, bs, ...) -> (B, H, nb, (2L+2) * bs, ...)
+            local = neighbour_blocks(x, c.local_blocks, fill=fill)
+            index = target.view(batch, heads, nb, *([1] * (x.dim() - 3))).expand(-1, -1, -1, *x.shape[3:])
+            return torch.cat([local, x.gather(2, index)], dim=3)
+
+        blocks = lambda x: x.view(batch, heads, nb, c.block, dim)  # noqa: E731
+        here = torch.arange(nb, device=q.device)
+        # The sorted block is read only when no local slot reads it already.
+        duplicate = (target - here).abs() <= c.local_blocks
+        valid_h = valid.expand(batch, heads, nb, c.block)
+        ctx_valid = local_and_sorted(valid_h, fill=False)
+        ctx_valid[..., -c.block:] &= ~duplicate[..., None]
+        allowed = ctx_valid[:, :, :, None, :].expand(-1, -1, -1, c.block, -1)
+        out, probs = context_attention(blocks(qb), local_and_sorted(blocks(kb)), local_and_sorted(blocks(vb)), allowed, self.scale, need_weights)
+        out = out.reshape(batch, heads, padded, dim)[:, :, :n]
+        if not need_weights:
+            return out, None
+        positions = torch.arange(padded, device=q.device).view(1, 1, nb, c.block).expand(batch, heads, -1, -1)
+        cols = local_and_sorted(positions, fill=-1)[:, :, :, None, :].expand(-1, -1, -1, c.block, -1)
+        return out, [SlotWeights(torch.arange(padded, device=q.device), cols.reshape(batch, heads, padded, -1), probs.reshape(batch, heads, padded, -1))]

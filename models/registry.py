@@ -1,0 +1,89 @@
+"""The one registry of attention variants: name -> (module class, config dataclass).
+
+Each variant module registers itself with `@register_attention("name")`; the encoder only
+ever calls `build_attention(config, ...)`, so it never branches on which variant it runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from models.attention.base import Attention, AttentionConfig
+
+VARIANTS: dict[str, type[Attention]] = {}
+
+
+def register_attention(name: str):
+    def register(cls: type[Attention]) -> type[Attention]:
+        if name in VARIANTS:
+            raise ValueError(f"attention variant {name!r} registered twice")
+        cls.config_class.variant = name
+        VARIANTS[name] = cls
+        return cls
+
+    return register
+
+
+def variant_names() -> list[str]:
+    _load_all()
+    return list(VARIANTS)
+
+
+def parameters(variant: str) -> dict[str, object]:
+    """Every parameter of a variant with its default."""
+    config_class = _variant(variant).config_class
+    return {f.name: f.default for f in dataclasses.fields(config_class)}
+
+
+def make_config(variant: str, max_length: int, **params) -> AttentionConfig:
+    """The variant's config from keyword parameters; unknown names and impossible values are
+    a ValueError that lists what is valid. String values (from a CLI) are converted."""
+    cls = _variant(variant)
+    fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        valid = ", ".join(f"{n}={f.default!r}" for n, f in fields.items())
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for variant {variant!r}; valid: {valid}")
+    hints = typing.get_type_hints(cls.config_class)
+    converted = {name: _convert(name, value, hints[name]) for name, value in params.items()}
+    config = cls.config_class(**converted)
+    config.validate(max_length)
+    return config
+
+
+def build_attention(config: AttentionConfig, num_heads: int, head_dim: int, max_length: int) -> Attention:
+    return _variant(config.variant)(config, num_heads, head_dim, max_length)
+
+
+def _variant(name: str) -> type[Attention]:
+    _load_all()
+    if name not in VARIANTS:
+        raise ValueError(f"unknown attention variant {name!r}; valid: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def _convert(name: str, value, hint):
+    """Turn CLI/JSON values into the field's type: '3' -> 3, '0,5' -> (0, 5)."""
+    origin = typing.get_origin(hint)
+    try:
+        if origin is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(int(x) for x in items if str(x).strip() != "")
+        if hint is bool and isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        if hint in (int, float, str):
+            if hint is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if hint is int and isinstance(value, bool):
+                raise ValueError(value)
+            return hint(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid parameter {name}: {value!r} is not a {getattr(hint, '__name__', hint)}") from None
+    return value
+
+
+def _load_all() -> None:
+    # Importing the package runs every variant module's @register_attention.
+    import models.attention  # noqa: F401
