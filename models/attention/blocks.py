@@ -25,32 +25,35 @@ def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):
         return torch.einsum("bhnqk,bhnkd->bhnqd", probs, v_ctx), probs
     batch, heads, nb, bs, dim = q.shape
     ctx = k_ctx.shape[3]
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, MASKED)
-    if allowed.shape[1] == 1:
-        # One mask for all heads: blocks become the kernel's batch, heads its head dim, so
-        # the mask broadcasts over heads instead of being copied for each.
-        def flat(x, length):
-            return x.transpose(1, 2).reshape(batch * nb, heads, length, dim)
-
-        out = F.scaled_dot_product_attention(
-            flat(q, bs), flat(k_ctx, ctx), flat(v_ctx, ctx),
-            attn_mask=bias.reshape(batch * nb, 1, bs, ctx), scale=scale,
-        )
-        return out.reshape(batch, nb, heads, bs, dim).transpose(1, 2), None
+    # Heads and batch fold into the kernel's batch, blocks into its head dim; a mask shared
+    # by all heads is expanded as a stride-0 view (no copy when batch is 1).
+    bias = torch.where(allowed, 0.0, MASKED).to(q.dtype).expand(batch, heads, nb, bs, ctx).reshape(batch * heads, nb, bs, ctx)
     out = F.scaled_dot_product_attention(
-        q.reshape(-1, 1, bs, dim), k_ctx.reshape(-1, 1, ctx, dim), v_ctx.reshape(-1, 1, ctx, dim),
-        attn_mask=bias.reshape(-1, 1, bs, ctx), scale=scale,
+        q.reshape(batch * heads, nb, bs, dim), k_ctx.reshape(batch * heads, nb, ctx, dim),
+        v_ctx.reshape(batch * heads, nb, ctx, dim), attn_mask=bias, scale=scale,
     )
-    return out.reshape(batch, heads, nb, bs, dim), None
+    return out.view(batch, heads, nb, bs, dim), None
 
 
-def neighbour_blocks(x: torch.Tensor, reach: int, fill=0) -> torch.Tensor:
+def neighbour_blocks(x: torch.Tensor, reach: int, fill=0, extra: torch.Tensor | None = None) -> torch.Tensor:
     """x: (B, H, nb, bs, *rest) with blocks on dim 2. Returns (B, H, nb, (2*reach+1)*bs, *rest):
-    for block b, blocks b-reach .. b+reach side by side (`fill` past either end)."""
-    nb = x.shape[2]
+    for block b, blocks b-reach .. b+reach side by side (`fill` past either end), followed
+    by `extra` (B, H, nb, E, *rest) when given (one copy instead of two)."""
+    nb, bs = x.shape[2], x.shape[3]
     pad = [0, 0] * (x.dim() - 3) + [reach, reach]
     padded = F.pad(x, pad, value=fill)
-    return torch.cat([padded[:, :, i : i + nb] for i in range(2 * reach + 1)], dim=3)
+    if extra is None:
+        # Overlapping windows as a strided view: no copy of the keys.
+        windows = padded.flatten(2, 3).unfold(2, (2 * reach + 1) * bs, bs)  # (B, H, nb, *rest, W)
+        return windows.movedim(-1, 3)
+    parts = [padded[:, :, i : i + nb] for i in range(2 * reach + 1)]
+    return torch.cat(parts + [extra], dim=3)
+
+
+def band_block(half: int) -> int:
+    """Query block for a band of half-width `half`: smaller blocks waste fewer masked keys
+    (reach * block >= half), larger ones cost fewer kernel calls."""
+    return max(16, half // 2)
 
 
 def dense_rows_attention(q_rows, k, v, key_valid, scale, need_weights=False):
@@ -94,24 +97,27 @@ def banded_attention(q, k, v, key_valid, half, block, scale, global_rows=None, n
     if global_rows is not None:
         g_idx, g_valid = global_rows
         is_global = is_global.scatter(1, g_idx, g_valid)
-    positions = torch.arange(padded, device=q.device).view(1, 1, nb, block)
-    ctx_pos = neighbour_blocks(positions, reach, fill=-(2**40))[0, 0]  # (nb, S)
-    band = (positions[0, 0, :, :, None] - ctx_pos[:, None, :]).abs() <= half  # (nb, bs, S)
+    # Slot s of block b holds token (b - reach) * block + s, so the band is the same (bs, S)
+    # pattern in every block; blocks past either end are masked through ctx_valid.
+    slots = torch.arange((2 * reach + 1) * block, device=q.device)
+    band = (torch.arange(block, device=q.device)[:, None] + reach * block - slots[None]).abs() <= half
     ctx_valid = neighbour_blocks((valid & ~is_global).view(batch, 1, nb, block), reach, fill=False)
     allowed = band[None, None] & ctx_valid[:, :, :, None, :]  # (B, 1, nb, bs, S)
-    k_ctx = neighbour_blocks(kb.view(batch, heads, nb, block, dim), reach)
-    v_ctx = neighbour_blocks(vb.view(batch, heads, nb, block, dim), reach)
+    def context(x, x_blocks):  # the band's key blocks, then the global keys
+        extra = None if global_rows is None else gather_rows(x, g_idx)[:, :, None].expand(-1, -1, nb, -1, -1)
+        return neighbour_blocks(x_blocks.view(batch, heads, nb, block, dim), reach, extra=extra)
+
+    k_ctx, v_ctx = context(k, kb), context(v, vb)
     if global_rows is not None:
         g = g_idx.shape[1]
-        k_ctx = torch.cat([k_ctx, gather_rows(k, g_idx)[:, :, None].expand(-1, -1, nb, -1, -1)], dim=3)
-        v_ctx = torch.cat([v_ctx, gather_rows(v, g_idx)[:, :, None].expand(-1, -1, nb, -1, -1)], dim=3)
         g_allowed = g_valid[:, None, None, None, :].expand(batch, 1, nb, block, g)
         allowed = torch.cat([allowed, g_allowed], dim=4)
     out, probs = context_attention(qb.view(batch, heads, nb, block, dim), k_ctx, v_ctx, allowed, scale, need_weights)
     out = out.reshape(batch, heads, padded, dim)[:, :, :n]
     weights = None
     if need_weights:
-        cols = ctx_pos[:, None, :].expand(nb, block, -1)
+        first = (torch.arange(nb, device=q.device) - reach) * block
+        cols = (first[:, None, None] + slots).expand(nb, block, -1)
         if global_rows is not None:
             cols = torch.cat([cols[None].expand(batch, -1, -1, -1), g_idx[:, None, None, :].expand(-1, nb, block, -1)], dim=3)
             cols = cols.reshape(batch, 1, padded, -1)

@@ -63,7 +63,8 @@ class MemoryCompressedAttention(Attention):
         summed = F.conv1d(F.pad(channels, (0, pad)), weight, stride=self.config.stride, groups=heads * dim)
         mass = F.conv1d(F.pad(mask, (0, pad)), self._mass_filter(x), stride=self.config.stride)  # (B, 1, M)
         out = summed / mass.clamp(min=1e-12)
-        return out.view(batch, heads, dim, -1).transpose(2, 3), mass[:, 0] > 0
+        # contiguous: the fused attention kernel needs unit stride on the feature dim.
+        return out.view(batch, heads, dim, -1).transpose(2, 3).contiguous(), mass[:, 0] > 0
 
     def _mass_filter(self, x):
         return torch.full((1, 1, self.config.kernel), 1.0 / self.config.kernel, dtype=x.dtype, device=x.device)

@@ -24,7 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check, masked_softmax, pad_to_multiple
+from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
 from models.attention.blocks import neighbour_blocks
 from models.registry import register_attention
 
@@ -63,36 +63,47 @@ class LSHAttention(Attention):
         position = torch.arange(n, device=x.device)
         return torch.argsort(bucket * n + position, dim=-1)
 
-    def forward(self, q, k, v, key_valid, need_weights=False):
+    def hash_round(self, q, k, v, key_valid, round_, need_weights):
+        """One hash round: (out, lse) in token order, and (q_order, cols, probs) if asked."""
         c = self.config
         batch, heads, n, dim = q.shape
+        q_order = self.sorted_order(q, key_valid, round_)
+        k_order = self.sorted_order(k, key_valid, round_)
+
+        def sort(x, order):
+            return pad_to_multiple(x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1])), c.chunk, dim=2)
+
+        qs = sort(q * self.scale, q_order)
+        nc = qs.shape[2] // c.chunk
+        ks = neighbour_blocks(sort(k, k_order).view(batch, heads, nc, c.chunk, dim), 1)
+        vs = neighbour_blocks(sort(v, k_order).view(batch, heads, nc, c.chunk, dim), 1)
+        k_valid = pad_to_multiple(key_valid[:, None, :].expand(-1, heads, -1).gather(2, k_order), c.chunk, dim=2, value=False)
+        allowed = neighbour_blocks(k_valid.view(batch, heads, nc, c.chunk), 1, fill=False)[:, :, :, None, :]
+        scores = torch.einsum("bhnqd,bhnkd->bhnqk", qs.view(batch, heads, nc, c.chunk, dim), ks)
+        # Softmax in place: at 16K tokens the scores are 150 MB per round.
+        scores.masked_fill_(~allowed, -1e30)
+        top = scores.amax(dim=-1, keepdim=True)
+        probs = scores.sub_(top).exp_()  # masked keys underflow to exactly 0
+        total = probs.sum(dim=-1, keepdim=True)
+        probs.div_(total)
+        lse = (top + total.log()).reshape(batch, heads, -1)[:, :, :n]
+        out = torch.einsum("bhnqk,bhnkd->bhnqd", probs, vs).reshape(batch, heads, -1, dim)[:, :, :n]
+        unsort = torch.argsort(q_order, dim=-1)  # back to token order
+        out, lse = out.gather(2, unsort[..., None].expand(-1, -1, -1, dim)), lse.gather(2, unsort)
+        if not need_weights:
+            return out, lse, None
+        k_pos = pad_to_multiple(k_order, c.chunk, dim=2, value=-1)
+        cols = neighbour_blocks(k_pos.view(batch, heads, nc, c.chunk), 1, fill=-1)[:, :, :, None, :]
+        cols = cols.expand(-1, -1, -1, c.chunk, -1).reshape(batch, heads, nc * c.chunk, -1)[:, :, :n]
+        return out, lse, (q_order, cols, probs.reshape(batch, heads, nc * c.chunk, -1)[:, :, :n])
+
+    def forward(self, q, k, v, key_valid, need_weights=False):
         outs, lses, weights = [], [], []
-        for round_ in range(c.n_hashes):
-            q_order = self.sorted_order(q, key_valid, round_)
-            k_order = self.sorted_order(k, key_valid, round_)
-
-            def sort(x, order):
-                return pad_to_multiple(x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1])), c.chunk, dim=2)
-
-            qs = sort(q, q_order)
-            nc = qs.shape[2] // c.chunk
-            ks = neighbour_blocks(sort(k, k_order).view(batch, heads, nc, c.chunk, dim), 1)
-            vs = neighbour_blocks(sort(v, k_order).view(batch, heads, nc, c.chunk, dim), 1)
-            k_valid = pad_to_multiple(key_valid[:, None, :].expand(-1, heads, -1).gather(2, k_order), c.chunk, dim=2, value=False)
-            k_pos = pad_to_multiple(k_order, c.chunk, dim=2, value=-1)
-            allowed = neighbour_blocks(k_valid.view(batch, heads, nc, c.chunk), 1, fill=False)[:, :, :, None, :]
-            scores = torch.einsum("bhnqd,bhnkd->bhnqk", qs.view(batch, heads, nc, c.chunk, dim), ks) * self.scale
-            lse = torch.logsumexp(scores.masked_fill(~allowed, -1e30), dim=-1)  # (B, H, nc, chunk)
-            probs = masked_softmax(scores, allowed)
-            out = torch.einsum("bhnqk,bhnkd->bhnqd", probs, vs).reshape(batch, heads, -1, dim)[:, :, :n]
-            # Back to token order.
-            unsort = torch.argsort(q_order, dim=-1)
-            outs.append(out.gather(2, unsort[..., None].expand(-1, -1, -1, dim)))
-            lses.append(lse.reshape(batch, heads, -1)[:, :, :n].gather(2, unsort))
-            if need_weights:
-                cols = neighbour_blocks(k_pos.view(batch, heads, nc, c.chunk), 1, fill=-1)[:, :, :, None, :]
-                cols = cols.expand(-1, -1, -1, c.chunk, -1).reshape(batch, heads, nc * c.chunk, -1)[:, :, :n]
-                weights.append((q_order, cols, probs.reshape(batch, heads, nc * c.chunk, -1)[:, :, :n]))
+        for round_ in range(self.config.n_hashes):
+            out, lse, round_weights = self.hash_round(q, k, v, key_valid, round_, need_weights)
+            outs.append(out)
+            lses.append(lse)
+            weights.append(round_weights)
         # Each round's normaliser weighs its output: the rounds together approximate one
         # softmax over the union of what they saw.
         mix = torch.softmax(torch.stack(lses), dim=0)  # (n_hashes, B, H, N)

@@ -1,0 +1,200 @@
+"""`attnserve bench runtime`: ONNX Runtime against PyTorch eager, side by side in one run.
+
+For each variant: export its embedding graph once (max_length = the longest length asked
+for), then at each length time one forward of a batch of random tokens in PyTorch eager and
+in ONNX Runtime (same thread count), and print the medians and the ratio eager / ORT (> 1:
+ORT is faster). With --output-pruning it also measures whether asking ONNX Runtime for the
+embedding alone skips the attention-map outputs of a graph that has both (it does not,
+which is why exports have a separate analysis graph).
+
+A benchmark, not a test: numbers depend on the machine and on what else runs on it.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_LENGTHS = (512, 4096, 16384)
+
+
+def configure_bench_runtime(parser) -> None:
+    parser.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
+    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated sequence lengths")
+    parser.add_argument("--batch", type=int, default=1, help="documents per forward (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per length below 8192 tokens (median)")
+    parser.add_argument("--long-repeats", type=int, default=1, help="timed runs per length from 8192 tokens")
+    parser.add_argument("--threads", type=int, default=0, help="threads for both PyTorch and ORT (0: all cores)")
+    parser.add_argument("--exports-dir", default=None, help="reuse/keep exports here (default: a temporary directory)")
+    parser.add_argument("--no-optimize", action="store_true", help="export without the exporter's optimiser")
+    parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+
+
+def _time(fn, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _inputs(batch: int, length: int):
+    g = torch.Generator().manual_seed(length)
+    ids = torch.randint(1000, 29000, (batch, length), generator=g)
+    ids[:, 0] = 101
+    return ids, torch.ones_like(ids)
+
+
+def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
+    from models.export import export_model
+
+    out = root / f"{variant}-L{max_length}{'' if optimize else '-noopt'}"
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        if m.get("variant") == variant and m.get("max_length") == max_length:
+            return out
+    export_model(variant, {}, max_length, out, analysis=False, verify=True, optimize=optimize, log=log)
+    return out
+
+
+def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=True,
+                  log=print) -> list[dict]:
+    from models import load_encoder
+    from models.export import length_multiple
+    from models.registry import make_config
+    from service.runtime import OnnxRunner
+
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    root = Path(exports_dir) if exports_dir else Path(tempfile.mkdtemp(prefix="attnserve-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    max_length = max(lengths)
+    rows = []
+    for variant in variants:
+        started = time.perf_counter()
+        try:
+            export_dir = _export(variant, max_length, root, optimize, log)
+        except Exception as exc:  # one variant failing must not hide the others' numbers
+            log(f"{variant}: export failed: {exc}")
+            rows.append({"variant": variant, "error": str(exc)[:300]})
+            continue
+        multiple = length_multiple(variant, make_config(variant, max_length))
+        encoder = load_encoder(variant, -(-max_length // multiple) * multiple)
+        runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
+        warm_ids, warm_mask = _inputs(batch, min(lengths))
+        with torch.no_grad():
+            encoder(warm_ids, warm_mask)
+        runner.embed(warm_ids.numpy(), warm_mask.numpy())
+        for length in lengths:
+            ids, mask = _inputs(batch, length)
+            n_ids, n_mask = ids.numpy(), mask.numpy()
+            reps = repeats if length < 8192 else long_repeats
+            with torch.no_grad():
+                eager = _time(lambda: encoder(ids, mask), reps)
+            ort_s = _time(lambda: runner.embed(n_ids, n_mask), reps)
+            with torch.no_grad():
+                diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
+            row = {"variant": variant, "length": length, "batch": batch, "eager_ms": eager * 1e3, "ort_ms": ort_s * 1e3,
+                   "speedup": eager / ort_s, "provider": runner.provider, "threads": threads, "max_abs_diff": diff}
+            rows.append(row)
+            log(f"{variant:12s} {length:6d}  eager {eager * 1e3:9.1f} ms  ort {ort_s * 1e3:9.1f} ms  eager/ort {eager / ort_s:5.2f}x"
+                + (f"  max|diff| {diff:.1e}" if diff is not None else ""))
+        log(f"{variant}: {time.perf_counter() - started:.0f}s")
+        del runner, encoder
+    return rows
+
+
+def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5, log=print) -> dict:
+    """Export one graph with the embedding and every layer's attention weights, and time it
+    asked for the embedding alone vs for everything, beside the embedding-only graph."""
+    import onnxruntime as ort
+    from torch import nn
+
+    from models import load_encoder
+    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _compact, _export_graph, analysis_layout,
+                               length_multiple, pad_to)
+    from models.registry import make_config
+
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    multiple = length_multiple(variant, make_config(variant, length))
+    capacity = -(-length // multiple) * multiple
+    encoder = load_encoder(variant, capacity).eval()
+
+    class CombinedGraph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding, self.analysis = EmbeddingGraph(encoder), AnalysisGraph(encoder)
+
+        def forward(self, input_ids, attention_mask):
+            return (*self.embedding(input_ids, attention_mask), *self.analysis(input_ids, attention_mask))
+
+    layout = analysis_layout(encoder, min(capacity, 2 * multiple))
+    names = [f"attn{l}_{p}_{part}" for l, pieces in enumerate(layout) for p in range(pieces) for part in ("rows", "cols", "probs")]
+    root = Path(tempfile.mkdtemp(prefix="attnserve-pruning-"))
+    with torch.no_grad():
+        _export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, True, log)
+        _export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, True, log)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    embedding = ort.InferenceSession(str(root / "embedding.onnx"), options, providers=["CPUExecutionProvider"])
+    combined = ort.InferenceSession(str(root / "combined.onnx"), options, providers=["CPUExecutionProvider"])
+    ids, mask = _inputs(1, length)
+    ids, mask = pad_to(ids.numpy(), mask.numpy(), multiple)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    for s in (embedding, combined):
+        s.run(None, feeds)
+    result = {
+        "variant": variant, "length": length,
+        "embedding_graph_ms": _time(lambda: embedding.run(["sentence_embedding"], feeds), repeats) * 1e3,
+        "combined_graph_embedding_only_ms": _time(lambda: combined.run(["sentence_embedding"], feeds), repeats) * 1e3,
+        "combined_graph_all_outputs_ms": _time(lambda: combined.run(None, feeds), repeats) * 1e3,
+    }
+    log(f"output pruning, {variant} at {length} tokens: embedding graph {result['embedding_graph_ms']:.1f} ms; "
+        f"one graph with attention outputs asked for the embedding only {result['combined_graph_embedding_only_ms']:.1f} ms, "
+        f"for everything {result['combined_graph_all_outputs_ms']:.1f} ms")
+    return result
+
+
+def bench_runtime_command(args) -> int:
+    from models import variant_names
+
+    names = variant_names() if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in variant_names()]
+    if unknown:
+        print(f"attnserve bench runtime: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}", file=sys.stderr)
+        return 2
+    try:
+        lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
+    except ValueError:
+        print(f"attnserve bench runtime: --lengths takes comma-separated integers (got {args.lengths!r})", file=sys.stderr)
+        return 2
+    rows = bench_runtime(names, lengths, args.batch, args.repeats, args.long_repeats, args.threads, args.exports_dir,
+                         not args.no_optimize, log=lambda m: print(m, flush=True))
+    print()
+    print(f"ONNX Runtime vs PyTorch eager, batch {args.batch}, {rows[0].get('threads', '?') if rows else '?'} threads "
+          f"(speedup = eager time / ORT time; > 1 means ORT is faster)")
+    header = f"{'variant':12s}" + "".join(f"{n:>10d}" for n in lengths)
+    print(header)
+    for variant in names:
+        cells = []
+        for n in lengths:
+            row = next((r for r in rows if r["variant"] == variant and r.get("length") == n), None)
+            cells.append(f"{row['speedup']:9.2f}x" if row else f"{'failed':>10s}")
+        print(f"{variant:12s}" + "".join(cells))
+    pruning = None
+    if args.output_pruning:
+        pruning = output_pruning(names[0], min(4096, max(lengths)), args.threads, log=lambda m: print(m, flush=True))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "output_pruning": pruning}, indent=2) + "\n")
+    return 0

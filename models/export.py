@@ -1,0 +1,486 @@
+"""Export an encoder to ONNX for serving with ONNX Runtime (`attnserve export`).
+
+An export directory holds:
+
+    model.onnx (+ model.onnx.data)       the embedding graph: input_ids, attention_mask ->
+                                         sentence_embedding, last_hidden_state, rank_collapse
+    analysis.onnx (+ analysis.onnx.data) the attention maps of every layer, compact form
+    tokenizer.json                       the model's tokenizer
+    manifest.json                        what was exported, file hashes, how to call it
+
+Why two graphs: ONNX Runtime runs every node of a graph whatever outputs are asked for (see
+`attnserve bench runtime --output-pruning`), and the explicit attention weights cost far more
+than the fused attention they replace, so the embedding path gets a graph without them.
+
+Dynamic shapes. Batch and sequence are dynamic axes. The block-sparse variants pad the
+sequence to a multiple of their block inside forward(); torch.export cannot prove the shape
+identities that padding creates for every length (it raises on them), so the sequence axis is
+exported as `length_multiple * k` with k dynamic, and the runner pads every batch (attention
+mask 0) to that multiple before running it. Padding never changes the real tokens' outputs
+(every variant is batch/padding invariant, issue 2), and the parity check below compares ONNX
+Runtime on padded inputs with PyTorch on unpadded ones to prove it for each export.
+
+Every export runs `torch.export.export` with Dim-based dynamic batch and sequence first (it
+raises instead of silently narrowing a dimension), then `torch.onnx.export` from that program,
+then onnx.checker, then checks the graph kept both axes symbolic, then compares ONNX Runtime
+with PyTorch at two lengths and batch sizes 1 and 3. Any failure is an ExportFailed.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.api import Encoder, load_encoder
+from models.attention.base import MASKED
+from models.encoder import mean_pool
+from models.pretrained import model_dir
+from models.registry import make_config
+
+# Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
+# Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into
+# MatMul/Softmax and materialise the scores).
+OPSET = 23
+FORMAT = "attnserve-onnx/1"
+INPUT_NAMES = ["input_ids", "attention_mask"]
+EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
+MAX_BATCH = 1024
+# Parity tolerances of the export-time check (the tests hold the same ones).
+EMBEDDING_TOL = 1e-4
+HIDDEN_TOL = 1e-3
+
+
+class ExportFailed(RuntimeError):
+    """The encoder could not be exported faithfully; the message says what and why."""
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def masked_rank_collapse(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+    """models.encoder.rank_collapse_ratio over each document's real tokens only (padding rows
+    left out), so a padded batch gives what each document alone gives. x: (B, N, d) -> (B,)."""
+    mask = key_valid[:, :, None].to(x.dtype)
+    mean = (x * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+
+    def norm(m):
+        m = (m * mask).abs()
+        l1 = m.sum(dim=1).amax(dim=1)  # max column sum
+        linf = m.sum(dim=2).amax(dim=1)  # max row sum
+        return (l1 * linf).sqrt()
+
+    return norm(x - mean) / norm(x).clamp(min=1e-30)
+
+
+class EmbeddingGraph(nn.Module):
+    """What model.onnx computes: the encoder's forward plus each layer's rank-collapse ratio
+    (a few reductions per layer, nothing next to the attention)."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        key_valid = attention_mask.bool()
+        x = self.encoder.embeddings(input_ids)
+        ratios = []
+        for layer in self.encoder.layers:
+            x, _ = layer(x, key_valid)
+            ratios.append(masked_rank_collapse(x, key_valid))
+        return mean_pool(x, key_valid), x, torch.stack(ratios, dim=1)
+
+
+def _compact(weights) -> list[torch.Tensor]:
+    """A layer's SlotWeights as graph outputs of fixed rank: rows (B|1, H|1, R) int64,
+    cols (B|1, H|1, R|1, S) int64, probs (B, H, R, S) float32; broadcast dims stay 1."""
+    out = []
+    for rows, cols, probs in weights:
+        while rows.dim() < 3:
+            rows = rows[None]
+        while cols.dim() < 4:
+            cols = cols[None]
+        out += [rows.to(torch.int64), cols.to(torch.int64), probs.to(torch.float32)]
+    return out
+
+
+class AnalysisGraph(nn.Module):
+    """What analysis.onnx computes: every layer's attention weights in the variant's compact
+    form (see models.attention.base.SlotWeights): for layer l and piece p the outputs
+    attn{l}_{p}_rows, attn{l}_{p}_cols, attn{l}_{p}_probs."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        key_valid = attention_mask.bool()
+        x = self.encoder.embeddings(input_ids)
+        outputs = []
+        for layer in self.encoder.layers:
+            x, weights = layer(x, key_valid, need_weights=True)
+            outputs += _compact(weights)
+        return tuple(outputs)
+
+
+def analysis_layout(encoder: Encoder, length: int) -> list[int]:
+    """How many SlotWeights pieces each layer returns (fixed per variant; found by running it)."""
+    ids = torch.full((1, length), 1000, dtype=torch.long)
+    counts = []
+    with torch.no_grad():
+        x = encoder.embeddings(ids)
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        for layer in encoder.layers:
+            x, weights = layer(x, valid, need_weights=True)
+            counts.append(len(weights))
+    return counts
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def length_multiple(variant: str, config) -> int:
+    """The sequence granule of a variant's graph: inputs are padded to a multiple of it.
+    A variant may declare it itself (an int class attribute or a function of its config named
+    `length_multiple`); otherwise it is its block size, from its parameters."""
+    from models.registry import _variant
+
+    declared = getattr(_variant(variant), "length_multiple", None)
+    if callable(declared):
+        return int(declared(config))
+    if isinstance(declared, int):
+        return declared
+    p = dataclasses.asdict(config)
+    if variant in ("local", "longformer"):
+        return max(1, p["window"] // 2)
+    if variant == "strided":
+        return p["stride"] * max(1, p["window"] // 2)
+    if variant == "global":
+        return 32  # global_tokens.py runs its band in blocks of 32
+    if variant in ("bigbird", "sinkhorn"):
+        return p["block"]
+    if variant == "lsh":
+        return p["chunk"]
+    if variant == "compressed":
+        return math.lcm(p["stride"], p["kernel"])
+    return 1
+
+
+def _example(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (past the special tokens) with the last row's second half padded."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 29000, (batch, length), generator=g)
+    ids[:, 0] = 101
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[-1, max(2, length // 2):] = 0
+        ids[-1, max(2, length // 2):] = 0
+    return ids, mask
+
+
+def pad_to(ids: np.ndarray, mask: np.ndarray, multiple: int, minimum: int = 2):
+    """Right-pad (B, N) ids/mask with zeros to a multiple of `multiple` (and >= minimum)."""
+    n = ids.shape[1]
+    width = max(-(-n // multiple) * multiple, -(-minimum // multiple) * multiple)
+    if width == n:
+        return ids, mask
+    pid = np.zeros((ids.shape[0], width), dtype=np.int64)
+    pm = np.zeros((ids.shape[0], width), dtype=np.int64)
+    pid[:, :n], pm[:, :n] = ids, mask
+    return pid, pm
+
+
+# --------------------------------------------------------------------------- export
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _dynamic_shapes(multiple: int, capacity: int, max_batch: int):
+    from torch.export import Dim
+
+    batch = Dim("batch", min=1, max=max_batch)
+    if multiple > 1:
+        blocks = capacity // multiple
+        seq = multiple * Dim("blocks", min=1, max=blocks) if blocks > 1 else None
+    else:
+        seq = Dim("seq", min=2, max=capacity)
+    axes = {0: batch} if seq is None else {0: batch, 1: seq}
+    return {"input_ids": axes, "attention_mask": axes}
+
+
+@contextlib.contextmanager
+def onnx_friendly_attention():
+    """While exporting: scaled_dot_product_attention calls whose mask broadcasts over the
+    queries (shape (..., 1, N), e.g. a key-padding mask) are rewritten so that ONNX Runtime
+    can run them. ORT 1.31's fused Attention op (opset 23) requires the mask's query dimension
+    to equal the query length, and expanding the mask would build an N x N tensor; instead the
+    mask becomes one extra key feature: q' = [q, 1], k' = [k, mask / scale], so that
+    q'.k' * scale = q.k * scale + mask, exactly the masked scores, with O(N) memory. Eager
+    PyTorch is untouched (only the traced graph sees this)."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if attn_mask is None or attn_mask.dim() < 2 or not (isinstance(attn_mask.shape[-2], int) and attn_mask.shape[-2] == 1):
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        if attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(~attn_mask, MASKED)
+        else:
+            bias = attn_mask.to(query.dtype)
+        # (..., 1, N) -> (..., N, 1), broadcast to key's leading dims.
+        column = (bias / scale).transpose(-1, -2).expand(*key.shape[:-1], 1)
+        query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
+        key = torch.cat([key, column], dim=-1)
+        return original(query, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def _export_graph(module: nn.Module, path: Path, output_names: list[str], multiple: int, capacity: int,
+                  max_batch: int, opset: int, optimize: bool, log) -> None:
+    """torch.export (raises on narrowed dims) -> ONNX -> onnx.checker -> symbolic-axes check."""
+    import onnx
+
+    blocks = capacity // multiple
+    example_len = multiple * (min(blocks, max(2, -(-300 // multiple))) if blocks > 1 else 1)
+    args = _example(2, example_len)
+    t0 = time.perf_counter()
+    try:
+        with onnx_friendly_attention():
+            program = torch.export.export(module, args, dynamic_shapes=_dynamic_shapes(multiple, capacity, max_batch), strict=False)
+    except Exception as exc:  # constraint violations, data-dependent branches, unsupported ops
+        first = "\n".join(str(exc).strip().splitlines()[:6])
+        raise ExportFailed(
+            f"torch.export could not trace {path.name} with dynamic batch and sequence "
+            f"(sequence = {multiple} * k): {type(exc).__name__}: {first}"
+        ) from exc
+    log(f"  torch.export {path.name}: {time.perf_counter() - t0:.1f}s")
+    t0 = time.perf_counter()
+    try:
+        onnx_program = torch.onnx.export(
+            program, args, dynamo=True, opset_version=opset, input_names=INPUT_NAMES,
+            output_names=output_names, optimize=optimize, verbose=False,
+        )
+        onnx_program.save(str(path), external_data=True)
+    except Exception as exc:
+        raise ExportFailed(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc)[:800]}") from exc
+    log(f"  onnx export {path.name}: {time.perf_counter() - t0:.1f}s")
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise ExportFailed(f"onnx.checker rejected {path}: {exc}") from exc
+    model = onnx.load(str(path), load_external_data=False)
+    names = [o.name for o in model.graph.output]
+    if names != list(output_names):
+        raise ExportFailed(f"{path.name} has outputs {names}, expected {output_names}")
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in INPUT_NAMES or len(dims) != 2:
+            raise ExportFailed(f"{path.name}: unexpected input {value.name} of rank {len(dims)}")
+        if not dims[0].dim_param or (blocks > 1 and not dims[1].dim_param):
+            fixed = [d.dim_value or d.dim_param for d in dims]
+            raise ExportFailed(f"{path.name}: input {value.name} lost a dynamic axis (shape {fixed}); the exporter narrowed it")
+
+
+def _ort_session(path: Path, threads: int = 0):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths: list[int], log=print) -> dict:
+    """ONNX Runtime (padded to the multiple) against PyTorch (unpadded) at each length, batch
+    1 and 3 (padded rows). Raises ExportFailed past EMBEDDING_TOL / HIDDEN_TOL."""
+    session = _ort_session(path)
+    worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0, "rank_collapse": 0.0}
+    for length in lengths:
+        for batch in (1, 3):
+            ids, mask = _example(batch, length, seed=length + batch)
+            with torch.no_grad():
+                emb, hidden = encoder(ids, mask)
+            pid, pm = pad_to(ids.numpy(), mask.numpy(), multiple)
+            o_emb, o_hidden, o_rank = session.run(None, {"input_ids": pid, "attention_mask": pm})
+            real = mask.numpy().astype(bool)
+            d_emb = float(np.abs(o_emb - emb.numpy()).max())
+            d_hid = float(np.abs(o_hidden[:, :length] - hidden.numpy())[real].max())
+            worst["sentence_embedding"] = max(worst["sentence_embedding"], d_emb)
+            worst["last_hidden_state"] = max(worst["last_hidden_state"], d_hid)
+            if d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL or not np.isfinite(o_rank).all():
+                raise ExportFailed(
+                    f"{path.name} disagrees with PyTorch at batch {batch}, {length} tokens: embedding max abs diff "
+                    f"{d_emb:.2e} (limit {EMBEDDING_TOL}), hidden states {d_hid:.2e} (limit {HIDDEN_TOL})"
+                )
+    log(f"  verified {path.name} at lengths {lengths}, batch 1 and 3: max abs diff embedding "
+        f"{worst['sentence_embedding']:.1e}, hidden {worst['last_hidden_state']:.1e}")
+    return {"lengths": lengths, "batches": [1, 3], **{f"max_abs_diff_{k}": v for k, v in worst.items() if k != "rank_collapse"}}
+
+
+def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
+                 opset: int = OPSET, optimize: bool = True, max_batch: int = MAX_BATCH, log=print) -> Path:
+    """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
+    model.onnx (+ .data), analysis.onnx (+ .data) unless analysis=False, tokenizer.json and
+    manifest.json. Returns out_dir. Raises ValueError for bad variant/params and ExportFailed
+    when the export is not faithful."""
+    config = make_config(variant, max_length, **params)
+    multiple = length_multiple(variant, config)
+    # The graph runs on inputs padded up to the multiple, so the encoder is built for that.
+    capacity = -(-max_length // multiple) * multiple
+    encoder = load_encoder(variant, capacity, **params)
+    return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
+                          opset=opset, optimize=optimize, max_batch=max_batch, log=log)
+
+
+def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, params: dict | None = None,
+                   analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = True,
+                   max_batch: int = MAX_BATCH, log=print) -> Path:
+    """export_model for an encoder already built (its max_length must be a multiple of the
+    variant's length multiple, or max_length given and at most it)."""
+    import onnx
+    import onnxscript
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    encoder = encoder.eval()
+    variant, config = encoder.variant, encoder.attention_config
+    multiple = length_multiple(variant, config)
+    capacity = encoder.max_length - encoder.max_length % multiple
+    max_length = min(max_length or capacity, capacity)
+    if capacity < multiple:
+        raise ExportFailed(f"max_length {encoder.max_length} is shorter than {variant}'s block of {multiple} tokens")
+    started = time.perf_counter()
+    log(f"exporting {variant} {dataclasses.asdict(config)} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
+    for stale in ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "manifest.json"):
+        (out_dir / stale).unlink(missing_ok=True)
+
+    with torch.no_grad():
+        _export_graph(EmbeddingGraph(encoder).eval(), out_dir / "model.onnx", EMBEDDING_OUTPUTS, multiple, capacity,
+                      max_batch, opset, optimize, log)
+    verified = None
+    if verify:
+        # One length inside the first block, one past two blocks and not a multiple of one.
+        short = min(max_length, max(5, multiple // 2 + 3))
+        longer = min(max_length, max(2 * multiple + 37, 300))
+        verified = verify_embedding_graph(encoder, out_dir / "model.onnx", multiple, sorted({short, longer}), log)
+
+    graphs = {"embedding": {"file": "model.onnx", "outputs": EMBEDDING_OUTPUTS}}
+    if analysis:
+        layout = analysis_layout(encoder, min(capacity, 2 * multiple))
+        names, attention = [], []
+        for layer, pieces in enumerate(layout):
+            attention.append([])
+            for piece in range(pieces):
+                piece_names = {part: f"attn{layer}_{piece}_{part}" for part in ("rows", "cols", "probs")}
+                names += list(piece_names.values())
+                attention[-1].append(piece_names)
+        with torch.no_grad():
+            _export_graph(AnalysisGraph(encoder).eval(), out_dir / "analysis.onnx", names, multiple, capacity,
+                          max_batch, opset, optimize, log)
+        graphs["analysis"] = {"file": "analysis.onnx", "outputs": names, "attention": attention}
+
+    shutil.copyfile(model_dir() / "tokenizer.json", out_dir / "tokenizer.json")
+    files = {}
+    for name in ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "tokenizer.json"):
+        path = out_dir / name
+        if path.exists():
+            files[name] = {"sha256": sha256(path), "bytes": path.stat().st_size}
+    shape = encoder.shape
+    manifest = {
+        "format": FORMAT,
+        "variant": variant,
+        "parameters": json.loads(json.dumps(dataclasses.asdict(config))),
+        "requested_parameters": json.loads(json.dumps(params or {}, default=str)),
+        "max_length": max_length,
+        "length_multiple": multiple,
+        "min_length": 2,
+        "max_batch": max_batch,
+        "hidden_size": shape.hidden_size,
+        "num_layers": shape.num_layers,
+        "num_heads": shape.num_heads,
+        "opset": opset,
+        "inputs": {name: {"dtype": "int64", "shape": ["batch", f"sequence ({multiple} * k)"]} for name in INPUT_NAMES},
+        "outputs": {
+            "sentence_embedding": {"dtype": "float32", "shape": ["batch", shape.hidden_size], "note": "mean-pooled, L2-normalised"},
+            "last_hidden_state": {"dtype": "float32", "shape": ["batch", "sequence", shape.hidden_size]},
+            "rank_collapse": {"dtype": "float32", "shape": ["batch", shape.num_layers],
+                              "note": "||X - 1 x^T|| / ||X|| per layer over real tokens, sqrt(l1 * linf) norm"},
+        },
+        "graphs": graphs,
+        "files": files,
+        "sha256": files["model.onnx"]["sha256"],
+        "verified": verified,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
+                     "onnxruntime": _ort_version()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "export_seconds": round(time.perf_counter() - started, 1),
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"wrote {out_dir} in {manifest['export_seconds']}s")
+    return out_dir
+
+
+def _ort_version() -> str | None:
+    try:
+        import onnxruntime
+
+        return onnxruntime.__version__
+    except ImportError:
+        return None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure_export(parser) -> None:
+    parser.add_argument("--variant", required=True, help="attention variant (see `attnserve variants`)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
+    parser.add_argument("--max-length", type=int, default=16384, help="longest input in tokens (default 16384)")
+    parser.add_argument("--out", required=True, help="export directory to write")
+    parser.add_argument("--no-analysis", action="store_true", help="skip analysis.onnx (attention maps)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs PyTorch check")
+    parser.add_argument("--no-optimize", action="store_true", help="skip the exporter's graph optimiser (faster export)")
+    parser.add_argument("--opset", type=int, default=OPSET)
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param takes KEY=VALUE (got {pair!r})")
+        params[key.strip()] = value.strip()
+    return params
+
+
+def export_command(args) -> int:
+    import sys
+
+    try:
+        export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
+                     verify=not args.no_verify, opset=args.opset, optimize=not args.no_optimize)
+    except (ValueError, ExportFailed) as exc:
+        print(f"attnserve export: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

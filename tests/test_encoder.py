@@ -1,0 +1,131 @@
+"""The encoder end to end: pretrained parity, batch invariance, memory, determinism, API."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import load_encoder, variant_names
+from models.memory import measure
+from models.pretrained import model_dir
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "longdocs-dev.jsonl"
+SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]
+
+
+def real_sentences():
+    """One-line descriptions and opening paragraphs of real man pages (all <= 256 tokens)."""
+    rows = [json.loads(line) for line in DATA.open()][:40]
+    texts = [r["query"] for r in rows]
+    texts += [" ".join(r["text"].split()[:60]) for r in rows[:20]]
+    return texts + ["", "a", "Ünïcödé — 漢字 and emoji 🙂 survive too."]
+
+
+def long_text(words, seed=0):
+    rows = [json.loads(line) for line in DATA.open()]
+    return " ".join(" ".join(r["text"] for r in rows[seed : seed + 3]).split()[:words])
+
+
+def test_full_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    texts = real_sentences()
+    reference = SentenceTransformer(str(model_dir()), device="cpu").encode(texts, normalize_embeddings=True, convert_to_tensor=True)
+    encoder = load_encoder("full", max_length=512)
+    assert max(len(ids) for ids in encoder.tokenize(texts)) <= 256
+    cosine = torch.nn.functional.cosine_similarity(encoder.embed(texts), reference)
+    assert cosine.min() >= 0.9999, cosine
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_batch_invariance(variant, encoders):
+    """A document embedded alone or batched with longer and shorter ones: the same vector."""
+    encoder = encoders(variant)
+    docs = [long_text(250, 0), long_text(1500, 3), long_text(40, 6), long_text(700, 9)]
+    batched = encoder.embed(docs)
+    for i, doc in enumerate(docs):
+        assert (encoder.embed([doc])[0] - batched[i]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_two_loads_are_identical(variant, encoders):
+    doc = [long_text(900, 12)]
+    assert torch.equal(encoders(variant).embed(doc), load_encoder(variant, max_length=4096).embed(doc))
+
+
+@pytest.mark.parametrize("variant", SUB_QUADRATIC + ["full", "compressed", "synthesizer"])
+def test_peak_memory_is_linear_in_n(variant):
+    """One forward at 16,384 tokens stays within 60 KB per token (983 MB): less than a single
+    16,384 x 16,384 float32 matrix (1.07 GB), let alone one layer's 12 heads of them
+    (12.9 GB), so no variant may build an N x N tensor."""
+    extra = measure(variant, [16384])[16384]
+    assert extra <= 60 * 1024 * 16384, f"{extra / 2**20:.0f} MiB"
+
+
+def test_empty_text_is_the_empty_document(encoders):
+    encoder = encoders("longformer")
+    empty = encoder.embed([""])
+    assert empty.shape == (1, 384) and torch.isfinite(empty).all()
+    assert torch.allclose(empty.norm(dim=1), torch.ones(1))
+    assert encoder.tokenize([""]) == [[101, 102]]
+
+
+def test_long_text_is_cut_at_max_length():
+    encoder = load_encoder("local", max_length=300)
+    text = long_text(2000)
+    ids = encoder.tokenize([text])[0]
+    assert len(ids) == 300 and ids[-1] == 102
+    cut = encoder.tokenizer.decode(ids[1:-1])
+    assert (encoder.embed([text]) - encoder.embed([cut])).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("variant", ["longformer", "linformer", "lsh"])
+def test_attention_map_is_a_sparse_row_stochastic_matrix(variant, encoders):
+    encoder = encoders(variant)
+    text = long_text(300)
+    n = len(encoder.tokenize([text])[0])
+    matrix = encoder.attention_map(text, layer=2)
+    assert matrix.is_sparse and matrix.shape == (n, n)
+    assert torch.allclose(torch.sparse.sum(matrix, dim=1).to_dense(), torch.ones(n), atol=1e-4)
+    one_head = encoder.attention_map(text, layer=5, head=11)
+    assert torch.allclose(torch.sparse.sum(one_head, dim=1).to_dense(), torch.ones(n), atol=1e-4)
+
+
+def test_longformer_map_is_banded_plus_global(encoders):
+    encoder = encoders("longformer", window=64)
+    text = long_text(300)
+    matrix = encoder.attention_map(text, layer=0).coalesce()
+    rows, cols = matrix.indices()
+    local = (rows - cols).abs() <= 32
+    assert ((rows == 0) | (cols == 0) | local).all()
+    n = matrix.shape[0]
+    assert matrix._nnz() < n * 66 + 2 * n
+
+
+def test_bad_layer_or_head(encoders):
+    encoder = encoders("longformer")
+    with pytest.raises(ValueError, match="layer must be in 0..5"):
+        encoder.attention_map("hello", layer=6)
+    with pytest.raises(ValueError, match="head must be in 0..11"):
+        encoder.attention_map("hello", layer=0, head=12)
+
+
+def test_rank_collapse_per_layer(encoders):
+    ratios = encoders("full").rank_collapse(long_text(200))
+    assert len(ratios) == 6
+    assert all(0 < r <= 1.0 for r in ratios)
+
+
+def test_rank_collapse_ratio_is_zero_for_identical_tokens():
+    from models.encoder import rank_collapse_ratio
+
+    x = torch.randn(1, 1, 8).expand(1, 10, 8)
+    assert rank_collapse_ratio(x).item() <= 1e-6
+    assert rank_collapse_ratio(torch.randn(1, 10, 8)).item() > 0.1
+
+
+def test_unknown_variant_is_rejected_with_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown attention variant 'reformer'; valid: full, local"):
+        load_encoder("reformer")
+    with pytest.raises(ValueError, match="unknown parameter"):
+        load_encoder("bigbird", blocks=3)
