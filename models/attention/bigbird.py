@@ -96,7 +96,7 @@ class BigBirdAttention(Attention):
             return blocks.view(batch, nb, -1, heads, c.block, dim).permute(0, 3, 1, 2, 4, 5).reshape(batch, heads, nb, -1, dim)
 
         ctx_valid = (valid[b_idx, flat_ids].view(batch, nb, -1, c.block) & read[..., None]).view(batch, 1, nb, 1, -1)
-        allowed = ctx_valid.expand(batch, 1, nb, c.block, ctx_valid.shape[-1])
+        allowed = ctx_valid  # the same for every query of a block
         out, probs = context_attention(qb.view(batch, heads, nb, c.block, dim), gather_blocks(kb), gather_blocks(vb), allowed, self.scale, need_weights)
         out = out.reshape(batch, heads, padded, dim)
         # Global blocks (first and last of each document) attend to everything.

@@ -16,7 +16,8 @@ from models.attention.base import MASKED, SlotWeights, masked_softmax, pad_to_mu
 def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):
     """Attention of query blocks over their own gathered context.
 
-    q: (B, H, nb, bs, D); k_ctx, v_ctx: (B, H, nb, S, D); allowed: (B, H|1, nb, bs, S) bool.
+    q: (B, H, nb, bs, D); k_ctx, v_ctx: (B, H, nb, S, D); allowed: (B, H|1, nb, bs|1, S) bool
+    (1 where every query of a block sees the same keys: the mask is then never copied).
     Returns out (B, H, nb, bs, D) and, if need_weights, probs (B, H, nb, bs, S).
     """
     if need_weights:

@@ -98,7 +98,7 @@ class SinkhornAttention(Attention):
         valid_h = valid.expand(batch, heads, nb, c.block)
         ctx_valid = local_and_sorted(valid_h, fill=False)
         ctx_valid[..., -c.block:] &= ~duplicate[..., None]
-        allowed = ctx_valid[:, :, :, None, :].expand(-1, -1, -1, c.block, -1)
+        allowed = ctx_valid[:, :, :, None, :]  # the same for every query of a block
         out, probs = context_attention(blocks(qb), local_and_sorted(blocks(kb)), local_and_sorted(blocks(vb)), allowed, self.scale, need_weights)
         out = out.reshape(batch, heads, padded, dim)[:, :, :n]
         if not need_weights:
