@@ -32,7 +32,7 @@ def configure_bench_runtime(parser) -> None:
     parser.add_argument("--long-repeats", type=int, default=1, help="timed runs per length from 8192 tokens")
     parser.add_argument("--threads", type=int, default=0, help="threads for both PyTorch and ORT (0: all cores)")
     parser.add_argument("--exports-dir", default=None, help="reuse/keep exports here (default: a temporary directory)")
-    parser.add_argument("--no-optimize", action="store_true", help="export without the exporter's optimiser")
+    parser.add_argument("--optimize", action="store_true", help="export with the exporter's onnxscript optimiser")
     parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
 
@@ -56,7 +56,7 @@ def _inputs(batch: int, length: int):
 def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
     from models.export import export_model
 
-    out = root / f"{variant}-L{max_length}{'' if optimize else '-noopt'}"
+    out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
     manifest = out / "manifest.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())
@@ -66,7 +66,31 @@ def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> P
     return out
 
 
-def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=True,
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 40
+
+
+def _ort_quadratic_bytes(variant: str, batch: int, length: int, heads: int, config=None) -> int:
+    """Memory ONNX Runtime 1.31's CPU Attention op needs for variants whose attention is over
+    all N keys (cost O(N^2...)): it allocates the (B, H, N, N) float scores (twice, to be safe).
+    Measured: full at 16,384 tokens was OOM-killed at 14.8 GB resident on a 24 GB machine."""
+    from models.registry import _variant
+
+    cost = str(getattr(_variant(variant), "cost", ""))
+    if not cost.startswith("O(N^2"):
+        return 0
+    keys = length // getattr(config, "stride", 1) if "/ stride" in cost else length
+    return 2 * batch * heads * length * keys * 4
+
+
+def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=False,
                   log=print) -> list[dict]:
     from models import load_encoder
     from models.export import length_multiple
@@ -95,6 +119,12 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             encoder(warm_ids, warm_mask)
         runner.embed(warm_ids.numpy(), warm_mask.numpy())
         for length in lengths:
+            need = _ort_quadratic_bytes(variant, batch, length, encoder.shape.num_heads, encoder.attention_config)
+            if need > 0.6 * _available_bytes():
+                log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's CPU Attention kernel materialises the "
+                    f"{encoder.shape.num_heads} x N x N scores (~{need / 2**30:.0f} GiB), more than this machine has free")
+                rows.append({"variant": variant, "length": length, "skipped": f"needs ~{need / 2**30:.0f} GiB in ORT"})
+                continue
             ids, mask = _inputs(batch, length)
             n_ids, n_mask = ids.numpy(), mask.numpy()
             reps = repeats if length < 8192 else long_repeats
@@ -142,8 +172,8 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     names = [f"attn{l}_{p}_{part}" for l, pieces in enumerate(layout) for p in range(pieces) for part in ("rows", "cols", "probs")]
     root = Path(tempfile.mkdtemp(prefix="attnserve-pruning-"))
     with torch.no_grad():
-        _export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, True, log)
-        _export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, True, log)
+        _export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, False, log)
+        _export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, False, log)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
@@ -180,7 +210,7 @@ def bench_runtime_command(args) -> int:
         print(f"attnserve bench runtime: --lengths takes comma-separated integers (got {args.lengths!r})", file=sys.stderr)
         return 2
     rows = bench_runtime(names, lengths, args.batch, args.repeats, args.long_repeats, args.threads, args.exports_dir,
-                         not args.no_optimize, log=lambda m: print(m, flush=True))
+                         args.optimize, log=lambda m: print(m, flush=True))
     print()
     print(f"ONNX Runtime vs PyTorch eager, batch {args.batch}, {rows[0].get('threads', '?') if rows else '?'} threads "
           f"(speedup = eager time / ORT time; > 1 means ORT is faster)")
@@ -190,7 +220,10 @@ def bench_runtime_command(args) -> int:
         cells = []
         for n in lengths:
             row = next((r for r in rows if r["variant"] == variant and r.get("length") == n), None)
-            cells.append(f"{row['speedup']:9.2f}x" if row else f"{'failed':>10s}")
+            if row and "speedup" in row:
+                cells.append(f"{row['speedup']:9.2f}x")
+            else:
+                cells.append(f"{'skipped' if row else 'failed':>10s}")
         print(f"{variant:12s}" + "".join(cells))
     pruning = None
     if args.output_pruning:

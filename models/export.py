@@ -20,6 +20,11 @@ mask 0) to that multiple before running it. Padding never changes the real token
 (every variant is batch/padding invariant, issue 2), and the parity check below compares ONNX
 Runtime on padded inputs with PyTorch on unpadded ones to prove it for each export.
 
+The exporter's own onnxscript optimiser is off by default: ONNX Runtime applies its graph
+optimisations when it loads the model, and on longformer at 4,096 tokens the unoptimised
+export ran no slower (7.2 s vs 8.3 s median, 2 threads, busy machine) while exporting in half
+the time.
+
 Every export runs `torch.export.export` with Dim-based dynamic batch and sequence first (it
 raises instead of silently narrowing a dimension), then `torch.onnx.export` from that program,
 then onnx.checker, then checks the graph kept both axes symbolic, then compares ONNX Runtime
@@ -58,6 +63,29 @@ MAX_BATCH = 1024
 # Parity tolerances of the export-time check (the tests hold the same ones).
 EMBEDDING_TOL = 1e-4
 HIDDEN_TOL = 1e-3
+
+
+# Variants whose attention pattern is a discontinuous function of the hidden states: LSH
+# picks buckets by argmax over random rotations, and two rotated values of one token can be
+# closer (3.6e-7 measured at 640 tokens) than ONNX Runtime's and PyTorch's matmuls agree
+# (~1e-6). One token changing bucket shifts the sorted order, so the chunks of many tokens
+# change and their hidden states move by up to ~0.2 (embedding cosine down to 0.997),
+# while at most lengths nothing flips and parity is exact. Their exports are held to the
+# embeddings' cosine similarity to PyTorch's, at least DISCONTINUOUS_MIN_COSINE, instead.
+# A variant class may say so itself with `discontinuous = True`.
+DISCONTINUOUS = {"lsh"}
+DISCONTINUOUS_MIN_COSINE = 0.99  # measured: 0.9969 for a 1,001-token document (test_export_parity)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two (B, d) arrays."""
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def is_discontinuous(variant: str) -> bool:
+    from models.registry import _variant
+
+    return bool(getattr(_variant(variant), "discontinuous", variant in DISCONTINUOUS))
 
 
 class ExportFailed(RuntimeError):
@@ -143,6 +171,42 @@ def analysis_layout(encoder: Encoder, length: int) -> list[int]:
             x, weights = layer(x, valid, need_weights=True)
             counts.append(len(weights))
     return counts
+
+
+# The analysis graph returns every layer's weights at once; its probs outputs may take at most
+# this much memory, which bounds the tokens an attention-map request may have (dense variants:
+# full, linformer, compressed, synthesizer give N x N effective weights).
+ANALYSIS_BUDGET_BYTES = 2 << 30
+
+
+def analysis_max_length(encoder: Encoder, multiple: int, capacity: int, max_length: int) -> int:
+    """The longest input whose attention maps (all layers, float32) fit ANALYSIS_BUDGET_BYTES,
+    from the weights' size at two lengths (linear or quadratic growth)."""
+    n1 = min(capacity, multiple * -(-256 // multiple))
+    n2 = min(capacity, 2 * n1)
+
+    def elements(n):
+        ids = torch.full((1, n), 1000, dtype=torch.long)
+        with torch.no_grad():
+            x = encoder.embeddings(ids)
+            _, weights = encoder.layers[0](x, torch.ones_like(ids, dtype=torch.bool), need_weights=True)
+        return sum(w.probs.numel() for w in weights)
+
+    if n2 <= n1:
+        return max_length
+    e1, e2 = elements(n1), elements(n2)
+    per_layer_bytes = 4 * len(encoder.layers)
+    quadratic = e2 / e1 > 3
+    limit = n2
+    while limit < max_length:
+        step = min(max_length, limit * 2)
+        grown = e2 * (step / n2) ** (2 if quadratic else 1)
+        if grown * per_layer_bytes > ANALYSIS_BUDGET_BYTES:
+            # Largest multiple of the granule under the budget between limit and step.
+            scale = (ANALYSIS_BUDGET_BYTES / (e2 * per_layer_bytes)) ** (0.5 if quadratic else 1.0)
+            return max(limit, min(max_length, int(n2 * scale) // multiple * multiple))
+        limit = step
+    return max_length
 
 
 # --------------------------------------------------------------------------- shapes
@@ -301,6 +365,31 @@ def _export_graph(module: nn.Module, path: Path, output_names: list[str], multip
             raise ExportFailed(f"{path.name}: input {value.name} lost a dynamic axis (shape {fixed}); the exporter narrowed it")
 
 
+def with_spare_position(encoder: Encoder, capacity: int) -> Encoder:
+    """A copy of `encoder` whose attention tables indexed by position (a dim of size
+    `capacity`, e.g. Linformer's E/F, the Synthesizer's factors) get one zero row more.
+
+    forward() slices such tables to the sequence length, `table[:n]`; when the table is
+    exactly as long as the longest n, torch.export cannot prove the slice is always n rows
+    and refuses n == capacity. With a spare row it can; the row is never read (n <= capacity)."""
+    import copy
+
+    spare = copy.deepcopy(encoder)
+    for layer in spare.layers:
+        for module in layer.attention.modules():
+            grown: dict[int, torch.Tensor] = {}  # by id of the old tensor: aliases stay aliases
+            for table in (module._parameters, module._buffers):
+                for name, tensor in list(table.items()):
+                    if tensor is None or capacity not in tensor.shape:
+                        continue
+                    if id(tensor) not in grown:
+                        dim = list(tensor.shape).index(capacity)
+                        data = torch.cat([tensor.data, torch.zeros_like(tensor.data.narrow(dim, 0, 1))], dim=dim)
+                        grown[id(tensor)] = nn.Parameter(data, requires_grad=False) if isinstance(tensor, nn.Parameter) else data
+                    table[name] = grown[id(tensor)]
+    return spare
+
+
 def _ort_session(path: Path, threads: int = 0):
     import onnxruntime as ort
 
@@ -315,7 +404,8 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
     """ONNX Runtime (padded to the multiple) against PyTorch (unpadded) at each length, batch
     1 and 3 (padded rows). Raises ExportFailed past EMBEDDING_TOL / HIDDEN_TOL."""
     session = _ort_session(path)
-    worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0, "rank_collapse": 0.0}
+    discontinuous = is_discontinuous(encoder.variant)
+    worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0}
     for length in lengths:
         for batch in (1, 3):
             ids, mask = _example(batch, length, seed=length + batch)
@@ -328,18 +418,29 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
             d_hid = float(np.abs(o_hidden[:, :length] - hidden.numpy())[real].max())
             worst["sentence_embedding"] = max(worst["sentence_embedding"], d_emb)
             worst["last_hidden_state"] = max(worst["last_hidden_state"], d_hid)
-            if d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL or not np.isfinite(o_rank).all():
+            if not np.isfinite(o_emb).all() or not np.isfinite(o_rank).all():
+                raise ExportFailed(f"{path.name} gives non-finite outputs at batch {batch}, {length} tokens")
+            if discontinuous and (d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL):
+                # Hash buckets flipped on float rounding (see DISCONTINUOUS).
+                worst["exact"] = False
+                cos = float(cosines(o_emb, emb.numpy()).min())
+                if cos >= DISCONTINUOUS_MIN_COSINE:
+                    log(f"  note: {encoder.variant} at batch {batch}, {length} tokens: hash buckets differ from PyTorch "
+                        f"(embedding diff {d_emb:.1e}, cosine {cos:.5f}, hidden {d_hid:.1e}); allowed for hashed attention")
+                    continue
+            if d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL:
                 raise ExportFailed(
                     f"{path.name} disagrees with PyTorch at batch {batch}, {length} tokens: embedding max abs diff "
                     f"{d_emb:.2e} (limit {EMBEDDING_TOL}), hidden states {d_hid:.2e} (limit {HIDDEN_TOL})"
                 )
     log(f"  verified {path.name} at lengths {lengths}, batch 1 and 3: max abs diff embedding "
         f"{worst['sentence_embedding']:.1e}, hidden {worst['last_hidden_state']:.1e}")
-    return {"lengths": lengths, "batches": [1, 3], **{f"max_abs_diff_{k}": v for k, v in worst.items() if k != "rank_collapse"}}
+    exact = worst.pop("exact", True)
+    return {"lengths": lengths, "batches": [1, 3], "exact": exact, **{f"max_abs_diff_{k}": v for k, v in worst.items()}}
 
 
 def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
-                 opset: int = OPSET, optimize: bool = True, max_batch: int = MAX_BATCH, log=print) -> Path:
+                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
     model.onnx (+ .data), analysis.onnx (+ .data) unless analysis=False, tokenizer.json and
     manifest.json. Returns out_dir. Raises ValueError for bad variant/params and ExportFailed
@@ -354,7 +455,7 @@ def export_model(variant: str, params: dict, max_length: int, out_dir, *, analys
 
 
 def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, params: dict | None = None,
-                   analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = True,
+                   analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = False,
                    max_batch: int = MAX_BATCH, log=print) -> Path:
     """export_model for an encoder already built (its max_length must be a multiple of the
     variant's length multiple, or max_length given and at most it)."""
@@ -375,8 +476,9 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
     for stale in ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "manifest.json"):
         (out_dir / stale).unlink(missing_ok=True)
 
+    traced = with_spare_position(encoder, capacity)
     with torch.no_grad():
-        _export_graph(EmbeddingGraph(encoder).eval(), out_dir / "model.onnx", EMBEDDING_OUTPUTS, multiple, capacity,
+        _export_graph(EmbeddingGraph(traced).eval(), out_dir / "model.onnx", EMBEDDING_OUTPUTS, multiple, capacity,
                       max_batch, opset, optimize, log)
     verified = None
     if verify:
@@ -396,9 +498,12 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
                 names += list(piece_names.values())
                 attention[-1].append(piece_names)
         with torch.no_grad():
-            _export_graph(AnalysisGraph(encoder).eval(), out_dir / "analysis.onnx", names, multiple, capacity,
+            _export_graph(AnalysisGraph(traced).eval(), out_dir / "analysis.onnx", names, multiple, capacity,
                           max_batch, opset, optimize, log)
-        graphs["analysis"] = {"file": "analysis.onnx", "outputs": names, "attention": attention}
+        graphs["analysis"] = {"file": "analysis.onnx", "outputs": names, "attention": attention,
+                              "max_length": analysis_max_length(encoder, multiple, capacity, max_length)}
+        log(f"  attention maps: up to {graphs['analysis']['max_length']} tokens (all layers' weights <= "
+            f"{ANALYSIS_BUDGET_BYTES >> 30} GiB)")
 
     shutil.copyfile(model_dir() / "tokenizer.json", out_dir / "tokenizer.json")
     files = {}
@@ -460,7 +565,8 @@ def configure_export(parser) -> None:
     parser.add_argument("--out", required=True, help="export directory to write")
     parser.add_argument("--no-analysis", action="store_true", help="skip analysis.onnx (attention maps)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs PyTorch check")
-    parser.add_argument("--no-optimize", action="store_true", help="skip the exporter's graph optimiser (faster export)")
+    parser.add_argument("--optimize", action="store_true",
+                        help="run the exporter's onnxscript optimiser too (2x slower export; ONNX Runtime optimises at load anyway)")
     parser.add_argument("--opset", type=int, default=OPSET)
 
 
@@ -479,7 +585,7 @@ def export_command(args) -> int:
 
     try:
         export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
-                     verify=not args.no_verify, opset=args.opset, optimize=not args.no_optimize)
+                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize)
     except (ValueError, ExportFailed) as exc:
         print(f"attnserve export: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,283 @@
+"""ONNX Runtime runner over an export directory (see models/export.py for what it holds).
+
+Needs numpy and onnxruntime only: neither torch nor models/ is imported here, so a serving
+image without PyTorch runs it.
+
+    runner = OnnxRunner("exports/longformer")
+    runner.provider                                   # what actually runs: CUDA... or CPU...
+    runner.embed(input_ids, attention_mask)           # (B, 384) float32
+    runner.attention(ids, mask, layer=2, head=None)   # (rows, cols, values) COO over tokens
+    runner.rank_collapse(ids, mask)                   # one float per layer
+
+Every batch is right-padded (attention mask 0) to the export's `length_multiple` before it
+runs: the graphs take sequences of that granule (models/export.py says why), and padding
+never changes the real tokens' results. Inputs longer than the export's max_length are
+refused with ValueError, never cut or run past what the graph was exported and checked for.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("attnserve")
+
+DEFAULT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+FORMAT = "attnserve-onnx/1"
+_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+
+
+class ExportError(Exception):
+    """The export directory cannot be served: a file is missing, corrupt or does not match
+    manifest.json. The message names the file."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(export_dir: Path) -> dict:
+    path = export_dir / "manifest.json"
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (not an attnserve export directory; run `attnserve export`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(f"{path}: not an {FORMAT} manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+    for key in ("variant", "max_length", "length_multiple", "hidden_size", "num_layers", "num_heads", "graphs", "files"):
+        if key not in manifest:
+            raise ExportError(f"{path}: has no {key!r}")
+    return manifest
+
+
+def check_files(export_dir: Path, manifest: dict, names) -> None:
+    """Every named file exists and has the size and sha256 manifest.json records."""
+    files = manifest["files"]
+    for name in names:
+        path = export_dir / name
+        if name not in files:
+            raise ExportError(f"{path}: not listed in {export_dir / 'manifest.json'}")
+        if not path.is_file():
+            raise ExportError(f"{path}: missing (manifest.json lists it)")
+        expected = files[name]
+        size = path.stat().st_size
+        if "bytes" in expected and size != expected["bytes"]:
+            raise ExportError(f"{path}: {size} bytes, manifest.json says {expected['bytes']} (file changed or truncated)")
+        actual = _sha256(path)
+        if actual != expected.get("sha256"):
+            raise ExportError(f"{path}: sha256 {actual[:16]}... does not match manifest.json ({str(expected.get('sha256'))[:16]}...)")
+
+
+def _graph_files(manifest: dict, graph: str) -> list[str]:
+    main = manifest["graphs"][graph]["file"]
+    return [main] + ([main + ".data"] if main + ".data" in manifest["files"] else [])
+
+
+class OnnxRunner:
+    """One export, opened with ONNX Runtime.
+
+    providers: execution providers in order of preference (default CUDA then CPU); ONNX
+    Runtime falls back along the list when one cannot start (no GPU, missing CUDA libraries),
+    and `.provider` reports the one that actually runs. intra_op_threads / inter_op_threads:
+    0 leaves ONNX Runtime's defaults. graph_optimization: disable, basic, extended or all.
+    """
+
+    def __init__(self, export_dir, providers=None, intra_op_threads: int = 0, inter_op_threads: int = 0,
+                 graph_optimization: str = "all"):
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.export_dir = Path(export_dir)
+        if not self.export_dir.is_dir():
+            raise ExportError(f"{self.export_dir}: export directory does not exist")
+        self.manifest = read_manifest(self.export_dir)
+        self.variant: str = self.manifest["variant"]
+        self.max_length: int = int(self.manifest["max_length"])
+        self.length_multiple: int = int(self.manifest["length_multiple"])
+        self.min_length: int = int(self.manifest.get("min_length", 2))
+        self.max_batch: int = int(self.manifest.get("max_batch", 1 << 30))
+        self.hidden_size: int = int(self.manifest["hidden_size"])
+        self.num_layers: int = int(self.manifest["num_layers"])
+        self.num_heads: int = int(self.manifest["num_heads"])
+        if graph_optimization not in _OPTIMIZATION_LEVELS:
+            raise ValueError(f"graph_optimization must be one of {', '.join(_OPTIMIZATION_LEVELS)} (got {graph_optimization!r})")
+        self.requested_providers = list(providers) if providers else list(DEFAULT_PROVIDERS)
+        self._options = dict(intra=intra_op_threads, inter=inter_op_threads, level=graph_optimization)
+        self._session = self._open("embedding")
+        self.provider: str = self._session.get_providers()[0]
+        self.providers: list[str] = self._session.get_providers()
+        if self.provider != self.requested_providers[0]:
+            log.warning("ONNX Runtime runs %s on %s (asked for %s)", self.export_dir, self.provider, self.requested_providers)
+        self._use_io_binding = self.provider == "CUDAExecutionProvider"
+        analysis = self.manifest["graphs"].get("analysis") or {}
+        # Longest text an attention-map request may have (0: the export has no analysis graph).
+        self.attention_max_length: int = int(analysis.get("max_length", self.max_length)) if analysis else 0
+        self._analysis = None
+        self._analysis_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ sessions
+
+    def _open(self, graph: str):
+        ort = self._ort
+        if graph not in self.manifest["graphs"]:
+            raise ExportError(f"{self.export_dir / 'manifest.json'}: export has no {graph} graph (exported with --no-analysis?)")
+        check_files(self.export_dir, self.manifest, _graph_files(self.manifest, graph))
+        path = self.export_dir / self.manifest["graphs"][graph]["file"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # the CUDA fallback is reported through .provider
+        if self._options["intra"]:
+            options.intra_op_num_threads = int(self._options["intra"])
+        if self._options["inter"]:
+            options.inter_op_num_threads = int(self._options["inter"])
+            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self._options["level"]]
+        available = set(ort.get_available_providers())
+        providers = [p for p in self.requested_providers if p in available] or ["CPUExecutionProvider"]
+        try:
+            session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs
+            raise ExportError(f"{path}: ONNX Runtime cannot load it: {str(exc).strip()[:500]}") from exc
+        expected = self.manifest["graphs"][graph]["outputs"]
+        names = [o.name for o in session.get_outputs()]
+        if names != list(expected):
+            raise ExportError(f"{path}: outputs {names[:4]}... do not match manifest.json")
+        return session
+
+    def _analysis_session(self):
+        with self._analysis_lock:
+            if self._analysis is None:
+                self._analysis = self._open("analysis")
+            return self._analysis
+
+    # ------------------------------------------------------------------ inputs
+
+    def _prepare(self, input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
+        ids = np.asarray(input_ids)
+        mask = np.asarray(attention_mask)
+        if ids.ndim == 1:
+            ids, mask = ids[None], mask[None]
+        if ids.ndim != 2 or ids.shape != mask.shape:
+            raise ValueError(f"input_ids and attention_mask must both be (batch, sequence) (got {ids.shape} and {mask.shape})")
+        if not np.issubdtype(ids.dtype, np.integer) or not np.issubdtype(mask.dtype, np.integer):
+            raise ValueError(f"input_ids and attention_mask must be integers (got {ids.dtype}, {mask.dtype})")
+        batch, n = ids.shape
+        if batch == 0 or n == 0:
+            raise ValueError("empty batch")
+        if batch > self.max_batch:
+            raise ValueError(f"batch of {batch} is larger than the export's max batch {self.max_batch}")
+        longest = int(mask.astype(bool).sum(1).max())
+        if n > self.max_length and longest > self.max_length:
+            raise ValueError(f"sequence of {longest} tokens is longer than the export's max_length {self.max_length}; "
+                             f"shorten it or export with a larger --max-length")
+        if n > self.max_length:  # only padding past max_length: drop it
+            ids, mask, n = ids[:, : self.max_length], mask[:, : self.max_length], self.max_length
+        ids = ids.astype(np.int64, copy=False)
+        mask = mask.astype(np.int64, copy=False)
+        width = max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
+        if width != n:
+            pid = np.zeros((batch, width), dtype=np.int64)
+            pm = np.zeros((batch, width), dtype=np.int64)
+            pid[:, :n], pm[:, :n] = ids, mask
+            ids, mask = pid, pm
+        return np.ascontiguousarray(ids), np.ascontiguousarray(mask), n
+
+    def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if not self._use_io_binding:
+            return session.run(outputs, feeds)
+        # On CUDA: inputs copied once into device memory, outputs allocated there by ORT and
+        # copied back once, instead of the per-run staging of session.run.
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name in outputs:
+            binding.bind_output(name, "cuda")
+        session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+    # ------------------------------------------------------------------ API
+
+    def run(self, input_ids, attention_mask, outputs=("sentence_embedding",)) -> dict[str, np.ndarray]:
+        """Named outputs of the embedding graph, padding removed from last_hidden_state."""
+        ids, mask, n = self._prepare(input_ids, attention_mask)
+        result = dict(zip(outputs, self._run(self._session, list(outputs), ids, mask)))
+        if "last_hidden_state" in result:
+            result["last_hidden_state"] = result["last_hidden_state"][:, :n]
+        return result
+
+    def embed(self, input_ids, attention_mask) -> np.ndarray:
+        """(B, hidden) float32 L2-normalised mean-pooled embeddings."""
+        return self.run(input_ids, attention_mask, ("sentence_embedding",))["sentence_embedding"]
+
+    def hidden_states(self, input_ids, attention_mask) -> np.ndarray:
+        return self.run(input_ids, attention_mask, ("last_hidden_state",))["last_hidden_state"]
+
+    def rank_collapse(self, input_ids, attention_mask) -> list[float]:
+        """Per layer, ||X - 1 x^T|| / ||X|| of the first document's real tokens."""
+        ratios = self.run(input_ids, attention_mask, ("rank_collapse",))["rank_collapse"]
+        return [float(r) for r in ratios[0]]
+
+    def attention(self, input_ids, attention_mask, layer: int, head: int | None = None):
+        """Layer `layer`'s attention over the first document's real tokens as COO arrays
+        (rows, cols, values), duplicates summed, sorted by (row, col); the mean over heads
+        when head is None."""
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in 0..{self.num_layers - 1} (got {layer!r})")
+        if head is not None and (not isinstance(head, (int, np.integer)) or not 0 <= head < self.num_heads):
+            raise ValueError(f"head must be in 0..{self.num_heads - 1} or None (got {head!r})")
+        if "analysis" not in self.manifest["graphs"]:
+            raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
+        ids, mask, _ = self._prepare(input_ids, attention_mask)
+        ids, mask = ids[:1], mask[:1]
+        n = int(mask[0].sum())
+        if n > self.attention_max_length:
+            raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens "
+                             f"(every layer's weights are computed at once); got {n}: send a shorter text")
+        session = self._analysis_session()
+        pieces = self.manifest["graphs"]["analysis"]["attention"][layer]
+        names = [piece[part] for piece in pieces for part in ("rows", "cols", "probs")]
+        values = self._run(session, names, ids, mask)
+        compact = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
+        return compact_to_coo(compact, n, head, self.num_heads)
+
+
+def compact_to_coo(pieces, n: int, head: int | None, num_heads: int):
+    """Slot-form attention pieces (rows (B|1,H|1,R), cols (B|1,H|1,R|1,S), probs (B,H,R,S))
+    of batch row 0 -> COO (rows, cols, values) over n tokens, one head or the head mean.
+    numpy twin of models.sparse.to_sparse."""
+    all_rows, all_cols, all_vals = [], [], []
+    for rows, cols, probs in pieces:
+        probs = probs[0]  # (H, R, S)
+        rows, cols = rows[0], cols[0]  # (H|1, R), (H|1, R|1, S)
+        if head is not None:
+            probs = probs[head : head + 1]
+            rows = rows[head : head + 1] if rows.shape[0] > 1 else rows
+            cols = cols[head : head + 1] if cols.shape[0] > 1 else cols
+        rows = np.broadcast_to(rows[:, :, None], probs.shape)
+        cols = np.broadcast_to(cols, probs.shape)
+        keep = (probs != 0) & (rows < n) & (cols >= 0) & (cols < n)
+        all_rows.append(rows[keep])
+        all_cols.append(cols[keep])
+        all_vals.append(probs[keep].astype(np.float64))
+    rows = np.concatenate(all_rows).astype(np.int64)
+    cols = np.concatenate(all_cols).astype(np.int64)
+    vals = np.concatenate(all_vals)
+    keys, inverse = np.unique(rows * n + cols, return_inverse=True)
+    summed = np.bincount(inverse.ravel(), weights=vals, minlength=len(keys))
+    divisor = 1 if head is not None else num_heads
+    return keys // n, keys % n, (summed / divisor).astype(np.float32)

@@ -1,0 +1,259 @@
+"""Issue 3: the export command, its manifest, the ONNX Runtime runner, attention maps and
+rank collapse from the analysis graph, and bad exports / bad input (must-show 4)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export, padded_batch
+
+VARIANT, MAX_LENGTH = SHARED_VARIANT, SHARED_MAX_LENGTH
+
+
+@pytest.fixture(scope="module")
+def export():
+    return get_export(VARIANT, MAX_LENGTH, analysis=True)
+
+
+@pytest.fixture(scope="module")
+def runner(export):
+    from service.runtime import OnnxRunner
+
+    return OnnxRunner(export[0], intra_op_threads=2)
+
+
+def test_manifest_describes_the_export(export):
+    import onnx
+
+    from models.export import sha256
+
+    export_dir, encoder = export
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    assert manifest["variant"] == VARIANT and manifest["max_length"] == MAX_LENGTH
+    assert manifest["parameters"]["window"] == 512 and manifest["parameters"]["global_tokens"] == [0]
+    assert manifest["hidden_size"] == 384 and manifest["num_layers"] == 6 and manifest["opset"] == 23
+    assert manifest["length_multiple"] == 256
+    assert manifest["sha256"] == sha256(export_dir / "model.onnx")
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256(export_dir / name), name
+    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "tokenizer.json"}
+    assert manifest["versions"]["torch"] == torch.__version__ and manifest["versions"]["onnx"] == onnx.__version__
+    model = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in model.graph.output] == ["sentence_embedding", "last_hidden_state", "rank_collapse"]
+    for value in model.graph.input:  # batch and sequence stayed symbolic
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.INT64
+        assert all(d.dim_param for d in value.type.tensor_type.shape.dim)
+    assert len(manifest["graphs"]["analysis"]["attention"]) == 6
+    assert manifest["graphs"]["analysis"]["max_length"] == MAX_LENGTH  # longformer's maps are O(N * window)
+
+
+def test_runner_reports_the_provider_that_runs(runner):
+    import onnxruntime as ort
+
+    # Asked for CUDA then CPU (the default); without a GPU ORT falls back and says so.
+    assert runner.requested_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert runner.provider == runner._session.get_providers()[0]
+    assert runner.provider in ort.get_available_providers()
+    if runner.provider != "CUDAExecutionProvider":
+        assert runner.provider == "CPUExecutionProvider" and not runner._use_io_binding
+    assert runner.variant == VARIANT and runner.max_length == MAX_LENGTH
+
+
+def test_embed_matches_the_encoder_on_real_text(export, runner):
+    export_dir, encoder = export
+    texts = ["The cat sat on the mat.", "ONNX Runtime serves the exported encoder. " * 40, "x"]
+    ids = encoder.tokenize(texts)
+    width = max(map(len, ids))
+    batch = np.zeros((3, width), np.int64)
+    mask = np.zeros((3, width), np.int64)
+    for i, row in enumerate(ids):
+        batch[i, : len(row)], mask[i, : len(row)] = row, 1
+    expected = encoder.embed(texts).numpy()
+    got = runner.embed(batch, mask)
+    assert got.dtype == np.float32 and got.shape == (3, 384)
+    assert np.abs(got - expected).max() <= 1e-4
+    # Extra padding past max_length (but no real token past it) is accepted and changes nothing.
+    wide = np.zeros((1, MAX_LENGTH + 100), np.int64)
+    wide_mask = np.zeros_like(wide)
+    wide[:, :width], wide_mask[:, :width] = batch[1], mask[1]
+    assert np.abs(runner.embed(wide, wide_mask) - got[1:2]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("head", [None, 3])
+def test_attention_map_matches_the_encoder(export, runner, head):
+    export_dir, encoder = export
+    text = "Attention maps come from the analysis graph, in the variant's compact form. " * 30
+    ids = encoder.tokenize([text])[0][:700]
+    n = len(ids)
+    arr = np.array([ids], np.int64)
+    for layer in (0, 5):
+        rows, cols, values = runner.attention(arr, np.ones_like(arr), layer, head)
+        with torch.no_grad():
+            _, _, weights = encoder(torch.tensor(arr), torch.ones(1, n, dtype=torch.long), weights_layer=layer)
+        from models.sparse import to_sparse
+
+        expected = to_sparse(weights, n, head)
+        idx, val = expected.indices().numpy(), expected.values().numpy()
+        np.testing.assert_array_equal(rows, idx[0])
+        np.testing.assert_array_equal(cols, idx[1])
+        assert np.abs(values - val).max() <= 1e-5
+        assert rows.max() < n and cols.max() < n
+        # Every real query's weights sum to 1.
+        np.testing.assert_allclose(np.bincount(rows, weights=values, minlength=n), 1.0, atol=1e-4)
+
+
+def test_rank_collapse_matches_the_encoder(export, runner):
+    export_dir, encoder = export
+    text = "Rank collapse: how close each layer's token states are to rank one. " * 20
+    ids = np.array(encoder.tokenize([text]), np.int64)
+    got = runner.rank_collapse(ids, np.ones_like(ids))
+    assert len(got) == 6
+    np.testing.assert_allclose(got, encoder.rank_collapse(text), atol=1e-4)
+
+
+def test_too_long_input_is_refused(runner):
+    ids, mask = padded_batch([MAX_LENGTH + 1])
+    with pytest.raises(ValueError, match=f"longer than the export's max_length {MAX_LENGTH}"):
+        runner.embed(ids, mask)
+    with pytest.raises(ValueError, match="max_length"):
+        runner.attention(ids, mask, 0, None)
+    ok_ids, ok_mask = padded_batch([MAX_LENGTH])
+    assert runner.embed(ok_ids, ok_mask).shape == (1, 384)
+    # Attention maps (all layers at once) have their own, memory-bound limit.
+    assert 0 < runner.attention_max_length <= MAX_LENGTH
+    limit = runner.attention_max_length
+    try:
+        runner.attention_max_length = 50
+        with pytest.raises(ValueError, match="limited to 50 tokens"):
+            runner.attention(ok_ids[:, :51], ok_mask[:, :51], 0, None)
+    finally:
+        runner.attention_max_length = limit
+    with pytest.raises(ValueError, match="layer"):
+        runner.attention(ok_ids[:, :10], ok_mask[:, :10], 6, None)
+    with pytest.raises(ValueError, match="head"):
+        runner.attention(ok_ids[:, :10], ok_mask[:, :10], 0, 12)
+
+
+def _copy(export, tmp_path):
+    target = tmp_path / "export"
+    shutil.copytree(export[0], target)
+    return target
+
+
+def test_missing_model_is_a_clear_error(export, tmp_path):
+    from service.runtime import ExportError, OnnxRunner
+
+    target = _copy(export, tmp_path)
+    (target / "model.onnx").unlink()
+    with pytest.raises(ExportError, match=r"model\.onnx: missing"):
+        OnnxRunner(target)
+    shutil.rmtree(target)
+    with pytest.raises(ExportError, match="does not exist"):
+        OnnxRunner(target)
+    target.mkdir()
+    with pytest.raises(ExportError, match=r"manifest\.json: missing"):
+        OnnxRunner(target)
+
+
+def test_corrupt_model_is_a_clear_error(export, tmp_path):
+    from models.export import sha256
+    from service.runtime import ExportError, OnnxRunner
+
+    target = _copy(export, tmp_path)
+    model = target / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
+    model.write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=r"model\.onnx: sha256 .* does not match manifest\.json"):
+        OnnxRunner(target)
+    # Even with a manifest rewritten to match, a file that is not ONNX is refused by name.
+    model.write_bytes(b"this is not a protobuf" * 100)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["files"]["model.onnx"] = {"sha256": sha256(model), "bytes": model.stat().st_size}
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match=r"model\.onnx: ONNX Runtime cannot load it"):
+        OnnxRunner(target)
+
+
+def test_manifest_mismatch_is_a_clear_error(export, tmp_path):
+    from service.runtime import ExportError, OnnxRunner
+
+    target = _copy(export, tmp_path)
+    manifest_path = target / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["model.onnx.data"]["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match=r"model\.onnx\.data: sha256 .* does not match"):
+        OnnxRunner(target)
+    manifest_path.write_text("{not json")
+    with pytest.raises(ExportError, match=r"manifest\.json: not valid JSON"):
+        OnnxRunner(target)
+    # A truncated external-data file is caught by its size before hashing.
+    manifest["files"]["model.onnx.data"] = json.loads((export[0] / "manifest.json").read_text())["files"]["model.onnx.data"]
+    manifest_path.write_text(json.dumps(manifest))
+    with open(target / "model.onnx.data", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ExportError, match=r"model\.onnx\.data: 1000 bytes, manifest\.json says"):
+        OnnxRunner(target)
+    # The analysis graph is checked when first used, and named.
+    target2 = _copy(export, tmp_path / "b")
+    (target2 / "analysis.onnx").write_bytes(b"garbage")
+    runner = OnnxRunner(target2)
+    ids, mask = padded_batch([20])
+    with pytest.raises(ExportError, match=r"analysis\.onnx"):
+        runner.attention(ids, mask, 0, None)
+
+
+class _ShapeBranch(nn.Module):
+    """Branches on the sequence length: a graph traced at one length is wrong at others."""
+
+    def forward(self, input_ids, attention_mask):
+        x = input_ids.float()
+        if x.shape[1] > 300:
+            return (x * 2).sum(1, keepdim=True), x, x
+        return x.sum(1, keepdim=True), x, x
+
+
+def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
+    from models.export import ExportFailed, _export_graph
+
+    with pytest.raises(ExportFailed, match="torch.export could not trace model.onnx with dynamic batch and sequence"):
+        _export_graph(_ShapeBranch(), tmp_path / "model.onnx", ["a", "b", "c"], 1, 1024, 8, 23, False, lambda m: None)
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_export_command_errors_exit_nonzero(capsys, tmp_path):
+    from service.cli import main
+
+    assert main(["export", "--variant", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown attention variant 'nope'" in capsys.readouterr().err
+    assert main(["export", "--variant", "local", "--param", "window=1", "--out", str(tmp_path / "y")]) == 2
+    assert "invalid parameter window" in capsys.readouterr().err
+    assert main(["export", "--variant", "local", "--param", "window", "--out", str(tmp_path / "z")]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_export_command_writes_a_verified_export(tmp_path, capsys):
+    """`attnserve export` end to end (full attention, short max_length to stay quick): exit 0,
+    the export-time ORT-vs-PyTorch check recorded, and the runner serves it."""
+    from service.cli import main
+    from service.runtime import OnnxRunner
+
+    out = tmp_path / "full"
+    assert main(["export", "--variant", "full", "--max-length", "300", "--out", str(out), "--no-analysis"]) == 0
+    assert "verified model.onnx" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["variant"] == "full" and manifest["max_length"] == 300 and "analysis" not in manifest["graphs"]
+    assert manifest["verified"]["exact"] and manifest["verified"]["max_abs_diff_sentence_embedding"] <= 1e-4
+    runner = OnnxRunner(out, providers=["CPUExecutionProvider"])
+    ids, mask = padded_batch([300, 7])
+    assert runner.embed(ids, mask).shape == (2, 384)
+    assert runner.attention_max_length == 0
+    with pytest.raises(ValueError, match="no analysis graph"):
+        runner.attention(ids, mask, 0, None)
