@@ -1,0 +1,1 @@
+"""attnserve service: the HTTP API and the ONNX Runtime runner it calls."""

@@ -1,0 +1,102 @@
+"""create_app(settings) -> FastAPI: routers, middleware, error handlers, and a lifespan that
+loads the export, starts the batcher, and on shutdown finishes what was accepted."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+import numpy as np
+from fastapi import FastAPI
+
+from service.batching import TokenBudgetBatcher
+from service.errors import install_error_handlers
+from service.metrics import ServiceMetrics
+from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
+from service.routes import attention, embed, meta, openai
+from service.settings import VERSION, Settings
+from service.state import ServiceState
+from service.tokenizer import TextTokenizer
+
+log = logging.getLogger("attnserve")
+
+
+def load_runner(settings: Settings):
+    """The ONNX Runtime runner over this deployment's export (exported first if missing), and
+    the export directory."""
+    from service.exports import ensure_export
+    from service.runtime import OnnxRunner
+
+    export_dir = ensure_export(settings)
+    runner = OnnxRunner(
+        export_dir,
+        providers=settings.providers,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        graph_optimization=settings.graph_optimization,
+    )
+    return runner, export_dir
+
+
+def create_app(settings: Settings | None = None, runner=None, tokenizer_path=None) -> FastAPI:
+    """The service. `runner` (anything with OnnxRunner's interface) and `tokenizer_path` are
+    for tests; by default both come from the export named by `settings`."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        nonlocal runner
+        path = tokenizer_path
+        if runner is None:
+            runner, export_dir = await asyncio.to_thread(load_runner, settings)
+            path = path or export_dir / "tokenizer.json"
+        max_length = min(settings.max_length, int(getattr(runner, "max_length", settings.max_length)))
+        variant = getattr(runner, "variant", None) or settings.variant
+        metrics = ServiceMetrics(variant)
+        batcher = TokenBudgetBatcher(
+            runner,
+            max_batch_tokens=max(settings.max_batch_tokens, 1),
+            max_batch_requests=min(settings.max_batch_requests, int(getattr(runner, "max_batch", settings.max_batch_requests))),
+            max_concurrent_requests=settings.max_concurrent_requests,
+            on_queue_change=metrics.queue_depth.set,
+        )
+        pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
+        app.state.service = ServiceState(
+            settings=settings,
+            runner=runner,
+            tokenizer=TextTokenizer(path, max_length),
+            batcher=batcher,
+            metrics=metrics,
+            max_length=max_length,
+            tokenization_pool=pool,
+        )
+        # One tiny batch before the first request, so it does not pay ONNX Runtime's first-run setup.
+        tokenizer = app.state.service.tokenizer
+        warm_ids = np.array([[tokenizer.cls_id, tokenizer.sep_id]], dtype=np.int64)
+        await asyncio.to_thread(runner.embed, warm_ids, np.ones_like(warm_ids))
+        await batcher.start()
+        log.info("serving %s (max_length %d) on %s", variant, max_length, getattr(runner, "provider", "?"))
+        try:
+            yield
+        finally:
+            # uvicorn has stopped accepting and waited for open requests; finish the queue.
+            await batcher.stop()
+            pool.shutdown(wait=True)
+
+    app = FastAPI(
+        title="attnserve",
+        version=VERSION,
+        description="Long-document embeddings and attention maps from efficient-attention variants of all-MiniLM-L6-v2, on ONNX Runtime.",
+        lifespan=lifespan,
+    )
+    app.state.service = None
+    for module in (embed, openai, attention, meta):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    # Added innermost first: timing wraps everything, so refused requests get headers too.
+    api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    app.add_middleware(BearerAuthMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TimingMiddleware, service_getter=lambda: app.state.service)
+    return app

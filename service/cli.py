@@ -1,0 +1,88 @@
+"""`attnserve`: the command line.
+
+Each subcommand is one row of COMMANDS: its words, a one-line help, and two "module:function"
+strings imported only when that subcommand runs (so `attnserve serve` never imports torch
+unless it has to export): `configure(parser)` adds its arguments (or None for none) and
+`handler(args)` runs it and returns the exit status. Add a row to add a subcommand.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    words: tuple[str, ...]
+    help: str
+    configure: str | None
+    handler: str
+
+
+def _load(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _load_optional(target: str):
+    """Like _load, but None when that module or function does not exist (yet)."""
+    module, _, name = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
+
+
+COMMANDS: list[Command] = [
+    # lead (models/cli.py)
+    Command(("variants",), "list the attention variants and their parameters", "models.cli:configure_variants", "models.cli:variants_command"),
+    Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "models.cli:configure_bench_encoder", "models.cli:bench_encoder"),
+    Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "models.quality:configure", "models.quality:quality_command"),
+    # issue 3 (models/export.py, models/bench_runtime.py)
+    Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "models.export:configure_export", "models.export:export_command"),
+    Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "models.bench_runtime:configure_bench_runtime", "models.bench_runtime:bench_runtime_command"),
+    # issue 4 (service/)
+    Command(("serve",), "serve a variant over HTTP (exports it first if needed)", "service.settings:add_settings_arguments", "service.serve:serve_command"),
+    Command(("bench", "service"), "HTTP vs raw ONNX Runtime latency, and batching throughput", "service.bench:configure_bench_service", "service.bench:bench_service"),
+    Command(("bench", "load"), "bounded loopback load test with concurrent clients", "service.bench:configure_bench_load", "service.bench:bench_load"),
+]
+
+
+def _selected(argv: list[str], words: tuple[str, ...]) -> bool:
+    positional = [a for a in argv if not a.startswith("-")]
+    return tuple(positional[: len(words)]) == words
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnserve", description="Long-document embeddings with efficient attention variants.")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        if len(command.words) == 1:
+            sub = top.add_parser(command.words[0], help=command.help, description=command.help)
+        else:
+            group = command.words[0]
+            if group not in groups:
+                groups[group] = top.add_parser(group, help=f"{group} commands").add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+            sub = groups[group].add_parser(command.words[1], help=command.help, description=command.help)
+        sub.set_defaults(_command=command)
+        if command.configure and _selected(argv, command.words):
+            configure = _load_optional(command.configure)
+            if configure is not None:
+                configure(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    status = _load(args._command.handler)(args)
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

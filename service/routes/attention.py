@@ -1,0 +1,73 @@
+"""POST /attention: a layer's attention map as sparse COO, a pooled grid, or a PNG heatmap."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from service.batching import Timings
+from service.errors import ServiceError
+from service.rendering import heatmap_png, pool_grid, top_k_per_row
+from service.routes import TEI_ERRORS
+from service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
+from service.state import ServiceState, admitted, get_service, get_timings, run_attention
+
+router = APIRouter(tags=["attention"])
+
+
+@router.post(
+    "/attention",
+    response_model=SparseAttentionResponse | GridAttentionResponse,
+    responses={**TEI_ERRORS, 200: {"content": {"image/png": {}}, "description": "JSON for sparse and grid, image/png for png"}},
+)
+async def attention(body: AttentionRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
+    """The attention every token of `inputs` pays to every other at `layer` (one head, or
+    the mean over heads), with the tokens and each layer's rank-collapse ratio."""
+    if body.layer >= service.num_layers:
+        raise ServiceError(422, f"layer must be in 0..{service.num_layers - 1} (got {body.layer})", "validation", "layer")
+    if body.head is not None and body.head >= service.num_heads:
+        raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
+    with admitted(service):
+        (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
+        timings.input_tokens = [len(tokenized)]
+        (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
+    # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
+    return await asyncio.to_thread(_render, body, service, tokenized, rows, cols, values, ratios)
+
+
+def _render(body: AttentionRequest, service: ServiceState, tokenized, rows, cols, values, ratios) -> Response:
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float32)
+    n = len(tokenized)
+    common = {
+        "variant": service.variant,
+        "layer": body.layer,
+        "head": body.head,
+        "n_tokens": n,
+        "tokens": tokenized.tokens,
+        "rank_collapse": [float(r) for r in ratios],
+    }
+    if body.format == "sparse":
+        if body.top_k is not None:
+            rows, cols, values = top_k_per_row(rows, cols, values, body.top_k)
+        if len(values) > service.settings.max_attention_entries:
+            raise ServiceError(
+                413,
+                f"this map has {len(values)} non-zero weights, more than this server sends at once "
+                f"({service.settings.max_attention_entries}); ask for top_k, or format grid or png",
+                "too_long",
+                "top_k",
+            )
+        return _json({**common, "format": "sparse", "rows": rows.tolist(), "cols": cols.tolist(), "values": values.tolist()})
+    grid, cell = pool_grid(rows, cols, values, n, body.max_cells)
+    if body.format == "png":
+        return Response(heatmap_png(grid), media_type="image/png")
+    return _json({**common, "format": "grid", "cell_tokens": cell, "grid": grid.tolist()})
+
+
+def _json(content: dict) -> Response:
+    return Response(json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(), media_type="application/json")

@@ -1,0 +1,58 @@
+"""POST /v1/embeddings, as OpenAI's embeddings API has it (errors in OpenAI's form too)."""
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from service.batching import Timings
+from service.errors import ServiceError
+from service.routes import OPENAI_ERRORS
+from service.routes.embed import l2_normalize
+from service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from service.state import ServiceState, admitted, get_service, get_timings, run_embed
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/embeddings", response_model=OpenAIEmbeddingResponse, responses=OPENAI_ERRORS)
+async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
+    """Embeddings of a text, texts, or token-id lists."""
+    raw = body.input
+    if isinstance(raw, str):
+        texts, id_lists = [raw], None
+    elif isinstance(raw[0], str):
+        texts, id_lists = raw, None
+    elif isinstance(raw[0], int):
+        texts, id_lists = None, [raw]
+    else:
+        texts, id_lists = None, raw
+    service.check_input_count(len(texts or id_lists), "input")
+    if body.dimensions is not None and body.dimensions > service.hidden_size:
+        raise ServiceError(400, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
+    with admitted(service):
+        if texts is not None:
+            tokenized = await service.tokenize(texts, False, timings, "input")
+        else:
+            try:
+                tokenized = service.tokenizer.from_ids(id_lists)
+            except ValueError as exc:
+                code = 413 if "longer than" in str(exc) else 400
+                raise ServiceError(code, str(exc), "too_long" if code == 413 else "validation", "input") from None
+        timings.input_tokens = [len(t) for t in tokenized]
+        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
+    if body.dimensions is not None:
+        vectors = l2_normalize(vectors[:, : body.dimensions])
+    vectors = vectors.astype("<f4", copy=False)
+    data = []
+    for index, vector in enumerate(vectors):
+        embedding = base64.b64encode(vector.tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = int(sum(timings.input_tokens))
+    return JSONResponse({
+        "object": "list",
+        "data": data,
+        "model": service.model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })

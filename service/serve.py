@@ -1,0 +1,47 @@
+"""`attnserve serve`: settings from flags and ATTNSERVE_*, export on first start, uvicorn."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from pydantic import ValidationError
+
+log = logging.getLogger("attnserve")
+
+
+def serve_command(args) -> int:
+    import uvicorn
+
+    from service.app import create_app, load_runner
+    from service.settings import settings_from_args
+
+    try:
+        settings = settings_from_args(args)
+    except (ValidationError, ValueError) as exc:
+        print(f"attnserve serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.runtime import ExportError
+
+    try:
+        # Before binding the port: a first start may export for minutes.
+        runner, export_dir = load_runner(settings)
+    except ExportError as exc:  # a missing, corrupt or mismatched export: its message names the file
+        print(f"attnserve serve: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # unknown variant or parameter, bad runtime setting
+        print(f"attnserve serve: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # no export and no torch to make one, or the export failed
+        print(f"attnserve serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    app = create_app(settings, runner=runner, tokenizer_path=export_dir / "tokenizer.json")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
+        access_log=settings.log_level == "debug",
+    )
+    return 0

@@ -1,0 +1,104 @@
+"""Every setting of `attnserve serve`: an ATTNSERVE_* environment variable and a CLI flag.
+
+The CLI flags are generated from the fields below (see `add_settings_arguments`), so a new
+setting is one new field here and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+VERSION = "0.1.0"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid")
+
+    # What to serve.
+    variant: str = Field("longformer", description="attention variant (see `attnserve variants`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
+    max_length: int = Field(16384, ge=2, description="longest input in tokens, [CLS] and [SEP] included")
+    models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per (variant, params, max_length)")
+    export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
+    model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (default attnserve-<variant served>)")
+
+    # Where to listen.
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8080, ge=0, le=65535, description="port to bind")
+    api_key: SecretStr | None = Field(None, description="if set, every route but /health needs 'Authorization: Bearer <key>'")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
+    graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")
+
+    # ONNX Runtime.
+    providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; default CUDA then CPU)")
+    intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default)")
+    inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: its default)")
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimisation level")
+
+    # Batching and limits.
+    max_batch_tokens: int = Field(16384, ge=1, description="padded tokens (batch size x longest input) per inference batch")
+    max_batch_requests: int = Field(32, ge=1, description="inputs per inference batch")
+    max_concurrent_requests: int = Field(256, ge=1, description="requests accepted at once; more get 429")
+    max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body in bytes; larger get 413")
+    max_attention_entries: int = Field(2_000_000, ge=1, description="largest sparse attention answer (non-zeros); ask for top_k or grid beyond it")
+    tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
+
+    @field_validator("models_dir", "export_dir")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                return json.loads(value)
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field; flags left out fall back to ATTNSERVE_* and defaults."""
+    for name, field in Settings.model_fields.items():
+        help_text = f"{field.description} (env ATTNSERVE_{name.upper()})"
+        if name == "params":
+            parser.add_argument("--param", dest="params", action="append", metavar="KEY=VALUE", help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def _parse_param(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ValueError(f"--param wants KEY=VALUE (got {item!r})")
+    key, raw = item.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the flags given on the command line, then the environment, then defaults."""
+    given: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "params":
+            value = dict(_parse_param(item) for item in value)
+        given[name] = value
+    return Settings(**given)

