@@ -1,0 +1,162 @@
+"""Docker smoke test: build the image, run it, ask /health and /embed over loopback.
+
+Builds with the local base image (public images cannot be pulled here), starting a Docker
+engine and building that base image with the scripts in ../shared/docker when they are
+missing. Skips only when no Docker engine can be started at all.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DOCKER = ROOT.parent / "shared" / "docker"
+BASE_IMAGE = os.environ.get("ATTNSERVE_TEST_BASE_IMAGE", "local/python:3.11-bookworm")
+IMAGE = "attnserve:smoke"
+VARIANT = "longformer"
+MAX_LENGTH = 1024  # a small export keeps the build short
+
+
+def sh(*cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def docker_ok() -> bool:
+    try:
+        return shutil.which("docker") is not None and sh("docker", "info", check=False, timeout=30).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def ensure_engine() -> None:
+    if docker_ok():
+        return
+    script = SHARED_DOCKER / "start-dockerd.sh"
+    why = "no docker CLI answers `docker info`"
+    if script.exists():
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900)
+        if docker_ok():
+            return
+        why += f"; {script} failed: {(r.stderr or r.stdout).strip()[-500:]}"
+    else:
+        why += f" and {script} does not exist"
+    pytest.skip(f"cannot start a Docker engine: {why}")
+
+
+def ensure_base_image() -> None:
+    if sh("docker", "image", "inspect", BASE_IMAGE, check=False).returncode == 0:
+        return
+    r = subprocess.run(["bash", str(SHARED_DOCKER / "make-base-image.sh"), BASE_IMAGE],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, f"building the base image failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+
+
+def stage_cpu_torch_wheel() -> None:
+    """Copy the CPU torch wheel from pip's find-links folder into ./wheels/ (git-ignored),
+    so the build does not download torch; without one the Dockerfile uses PyTorch's CPU
+    index."""
+    wheels = ROOT / "wheels"
+    if list(wheels.glob("torch-2.13.0*.whl")):
+        return
+    links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()
+    for folder in map(Path, links):
+        found = sorted(folder.glob("torch-2.13.0+cpu-*.whl")) if folder.is_dir() else []
+        if found:
+            wheels.mkdir(exist_ok=True)
+            shutil.copy2(found[0], wheels / found[0].name)
+            return
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    ensure_engine()
+    ensure_base_image()
+    stage_cpu_torch_wheel()
+    cmd = ["docker", "build", "--network", "host",
+           "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+           "--build-arg", f"VARIANT={VARIANT}",
+           "--build-arg", f"MAX_LENGTH={MAX_LENGTH}",
+           "-t", IMAGE, str(ROOT)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, f"docker build failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return IMAGE
+
+
+def test_image_has_no_torch_and_runs_as_non_root(image):
+    r = sh("docker", "run", "--rm", "--network", "host", image, "python", "-c", "import torch", check=False)
+    assert r.returncode != 0 and "No module named 'torch'" in r.stderr, r.stderr
+    r = sh("docker", "run", "--rm", "--network", "host", image, "python", "-c",
+           "import os, onnxruntime; print(os.getuid(), onnxruntime.__version__)")
+    uid = int(r.stdout.split()[0])
+    assert uid != 0, "the runtime image must not run as root"
+
+
+def test_container_serves_health_and_embed(image):
+    port = free_loopback_port()
+    name = f"attnserve-smoke-{uuid.uuid4().hex[:8]}"
+    run = sh("docker", "run", "-d", "--name", name, "--network", "host",
+             "-e", "ATTNSERVE_HOST=127.0.0.1", "-e", f"ATTNSERVE_PORT={port}", image)
+    assert run.returncode == 0, run.stderr
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        status = 0
+        while time.monotonic() < deadline:
+            state = sh("docker", "inspect", "-f", "{{.State.Running}}", name).stdout.strip()
+            assert state == "true", "container exited:\n" + sh("docker", "logs", name, check=False).stderr[-3000:]
+            try:
+                status, _ = http("GET", f"{base}/health", timeout=5)
+            except OSError:
+                status = 0
+            if status == 200:
+                break
+            time.sleep(1)
+        assert status == 200, "no 200 from /health:\n" + sh("docker", "logs", name, check=False).stderr[-3000:]
+
+        status, body = http("POST", f"{base}/embed", {"inputs": "Docker smoke test: embed this sentence."})
+        assert status == 200, body[:1000]
+        vectors = json.loads(body)
+        assert isinstance(vectors, list) and len(vectors) == 1
+        vec = vectors[0]
+        assert len(vec) == 384 and all(isinstance(x, float) and math.isfinite(x) for x in vec)
+        assert sum(x * x for x in vec) > 0
+
+        # The image's own HEALTHCHECK (every 10 s) agrees.
+        deadline = time.monotonic() + 60
+        health = ""
+        while time.monotonic() < deadline:
+            health = sh("docker", "inspect", "-f", "{{.State.Health.Status}}", name).stdout.strip()
+            if health == "healthy":
+                break
+            time.sleep(2)
+        assert health == "healthy", health
+    finally:
+        sh("docker", "rm", "-f", name, check=False)
+    assert sh("docker", "ps", "-a", "-q", "-f", f"name={name}").stdout.strip() == ""
