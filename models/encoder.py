@@ -116,14 +116,20 @@ def mean_pool(x, key_valid):
     return F.normalize(pooled, p=2, dim=1)
 
 
-def rank_collapse_ratio(x: torch.Tensor) -> torch.Tensor:
+def rank_collapse_ratio(x: torch.Tensor, key_valid: torch.Tensor | None = None) -> torch.Tensor:
     """||X - 1 x^T|| / ||X|| per batch row, x the mean token, with the sqrt(||.||_1 ||.||_inf)
-    norm of Dong et al. 2021 ("Attention is not all you need"). x: (B, N, d) -> (B,)."""
+    norm of Dong et al. 2021 ("Attention is not all you need"). x: (B, N, d) -> (B,).
+    Padding rows (key_valid False) are left out, so a padded batch gives what each document
+    alone gives."""
+    if key_valid is None:
+        key_valid = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    mask = key_valid[:, :, None].to(x.dtype)
+    mean = (x * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
 
     def norm(m):
-        l1 = m.abs().sum(dim=1).amax(dim=1)  # max column sum
-        linf = m.abs().sum(dim=2).amax(dim=1)  # max row sum
+        m = (m * mask).abs()
+        l1 = m.sum(dim=1).amax(dim=1)  # max column sum
+        linf = m.sum(dim=2).amax(dim=1)  # max row sum
         return (l1 * linf).sqrt()
 
-    residual = x - x.mean(dim=1, keepdim=True)
-    return norm(residual) / norm(x)
+    return norm(x - mean) / norm(x).clamp(min=1e-30)

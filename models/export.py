@@ -48,7 +48,7 @@ from torch import nn
 
 from models.api import Encoder, load_encoder
 from models.attention.base import MASKED
-from models.encoder import mean_pool
+from models.encoder import mean_pool, rank_collapse_ratio
 from models.pretrained import model_dir
 from models.registry import make_config
 
@@ -95,21 +95,6 @@ class ExportFailed(RuntimeError):
 # --------------------------------------------------------------------------- graphs
 
 
-def masked_rank_collapse(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
-    """models.encoder.rank_collapse_ratio over each document's real tokens only (padding rows
-    left out), so a padded batch gives what each document alone gives. x: (B, N, d) -> (B,)."""
-    mask = key_valid[:, :, None].to(x.dtype)
-    mean = (x * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-
-    def norm(m):
-        m = (m * mask).abs()
-        l1 = m.sum(dim=1).amax(dim=1)  # max column sum
-        linf = m.sum(dim=2).amax(dim=1)  # max row sum
-        return (l1 * linf).sqrt()
-
-    return norm(x - mean) / norm(x).clamp(min=1e-30)
-
-
 class EmbeddingGraph(nn.Module):
     """What model.onnx computes: the encoder's forward plus each layer's rank-collapse ratio
     (a few reductions per layer, nothing next to the attention)."""
@@ -124,7 +109,7 @@ class EmbeddingGraph(nn.Module):
         ratios = []
         for layer in self.encoder.layers:
             x, _ = layer(x, key_valid)
-            ratios.append(masked_rank_collapse(x, key_valid))
+            ratios.append(rank_collapse_ratio(x, key_valid))
         return mean_pool(x, key_valid), x, torch.stack(ratios, dim=1)
 
 
