@@ -48,7 +48,7 @@ from torch import nn
 
 from models.api import Encoder, load_encoder
 from models.attention.base import MASKED
-from models.encoder import mean_pool, rank_collapse_ratio
+from models.encoder import rank_collapse_ratio
 from models.pretrained import model_dir
 from models.registry import make_config
 
@@ -104,13 +104,10 @@ class EmbeddingGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids, attention_mask):
+        states: list[torch.Tensor] = []
+        embedding, last = self.encoder(input_ids, attention_mask, hidden_states=states)
         key_valid = attention_mask.bool()
-        x = self.encoder.embeddings(input_ids)
-        ratios = []
-        for layer in self.encoder.layers:
-            x, _ = layer(x, key_valid)
-            ratios.append(rank_collapse_ratio(x, key_valid))
-        return mean_pool(x, key_valid), x, torch.stack(ratios, dim=1)
+        return embedding, last, torch.stack([rank_collapse_ratio(x, key_valid) for x in states], dim=1)
 
 
 def _compact(weights) -> list[torch.Tensor]:
