@@ -12,6 +12,7 @@ A benchmark, not a test: numbers depend on the machine and on what else runs on 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -140,6 +141,8 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
                 + (f"  max|diff| {diff:.1e}" if diff is not None else ""))
         log(f"{variant}: {time.perf_counter() - started:.0f}s")
         del runner, encoder
+    if not exports_dir:  # a temporary directory of ours: exports are ~100 MB each
+        shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
@@ -150,7 +153,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     from torch import nn
 
     from models import load_encoder
-    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _compact, _export_graph, analysis_layout,
+    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, analysis_layout,
                                length_multiple, pad_to)
     from models.registry import make_config
 
@@ -190,6 +193,8 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
         "combined_graph_embedding_only_ms": _time(lambda: combined.run(["sentence_embedding"], feeds), repeats) * 1e3,
         "combined_graph_all_outputs_ms": _time(lambda: combined.run(None, feeds), repeats) * 1e3,
     }
+    del embedding, combined
+    shutil.rmtree(root, ignore_errors=True)
     log(f"output pruning, {variant} at {length} tokens: embedding graph {result['embedding_graph_ms']:.1f} ms; "
         f"one graph with attention outputs asked for the embedding only {result['combined_graph_embedding_only_ms']:.1f} ms, "
         f"for everything {result['combined_graph_all_outputs_ms']:.1f} ms")
