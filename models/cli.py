@@ -94,7 +94,7 @@ def bench_encoder(args) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, median of {args.repeats}")
 
     print("\n## Attention op alone (q, k, v: 12 heads x 32 dims): speed-up over full (scaled_dot_product_attention)")
-    print(f"| variant | " + " | ".join(f"{n} tokens" for n in op_lengths) + " |")
+    print("| variant | " + " | ".join(f"{n} tokens" for n in op_lengths) + " |")
     print("|---|" + "---|" * len(op_lengths))
     op = {(name, n): _op_seconds(name, n, args.repeats) for n in op_lengths for name in names}
     for name in names:
@@ -103,7 +103,7 @@ def bench_encoder(args) -> int:
         rows += [("op", name, n, op[(name, n)], "") for n in op_lengths]
 
     print("\n## Whole encoder forward: speed-up over full / peak memory as a fraction of full's")
-    print(f"| variant | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
+    print("| variant | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
     seconds, memory = {}, {}
     for name in names:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.attention.base import Attention, check
+from models.attention.base import Attention
 from models.attention.blocks import band_block, banded_attention, banded_mask, global_positions
 from models.attention.global_tokens import GlobalConfig
 from models.attention.local import LocalConfig
