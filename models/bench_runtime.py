@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from models.timing import median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 
@@ -36,15 +37,6 @@ def configure_bench_runtime(parser) -> None:
     parser.add_argument("--optimize", action="store_true", help="export with the exporter's onnxscript optimiser")
     parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
-
-
-def _time(fn, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def _inputs(batch: int, length: int):
@@ -80,15 +72,17 @@ def _available_bytes() -> int:
 
 def _ort_quadratic_bytes(variant: str, batch: int, length: int, heads: int, config=None) -> int:
     """Memory ONNX Runtime 1.31's CPU Attention op needs for variants whose attention is over
-    all N keys (cost O(N^2...)): it allocates the (B, H, N, N) float scores (twice, to be safe).
-    Measured: full at 16,384 tokens was OOM-killed at 14.8 GB resident on a 24 GB machine."""
+    all N keys (cost O(N^2...)): it allocates the (B, H, N, N) float scores (twice, to be safe)
+    for the HEADS_PER_NODE heads of one Attention node. Measured before heads were split
+    across nodes: full at 16,384 tokens was OOM-killed at 14.8 GB resident on a 24 GB machine."""
+    from models.export import HEADS_PER_NODE
     from models.registry import _variant
 
     cost = str(getattr(_variant(variant), "cost", ""))
     if not cost.startswith("O(N^2"):
         return 0
     keys = length // getattr(config, "stride", 1) if "/ stride" in cost else length
-    return 2 * batch * heads * length * keys * 4
+    return 2 * batch * min(heads, HEADS_PER_NODE) * length * keys * 4
 
 
 def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=False,
@@ -122,16 +116,16 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
         for length in lengths:
             need = _ort_quadratic_bytes(variant, batch, length, encoder.shape.num_heads, encoder.attention_config)
             if need > 0.6 * _available_bytes():
-                log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's CPU Attention kernel materialises the "
-                    f"{encoder.shape.num_heads} x N x N scores (~{need / 2**30:.0f} GiB), more than this machine has free")
+                log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's CPU Attention kernel materialises "
+                    f"N x N scores per head (~{need / 2**30:.0f} GiB), more than this machine has free")
                 rows.append({"variant": variant, "length": length, "skipped": f"needs ~{need / 2**30:.0f} GiB in ORT"})
                 continue
             ids, mask = _inputs(batch, length)
             n_ids, n_mask = ids.numpy(), mask.numpy()
             reps = repeats if length < 8192 else long_repeats
             with torch.no_grad():
-                eager = _time(lambda: encoder(ids, mask), reps)
-            ort_s = _time(lambda: runner.embed(n_ids, n_mask), reps)
+                eager = median_seconds(lambda: encoder(ids, mask), reps, warmup=False)
+            ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
             row = {"variant": variant, "length": length, "batch": batch, "eager_ms": eager * 1e3, "ort_ms": ort_s * 1e3,
@@ -189,9 +183,9 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
         s.run(None, feeds)
     result = {
         "variant": variant, "length": length,
-        "embedding_graph_ms": _time(lambda: embedding.run(["sentence_embedding"], feeds), repeats) * 1e3,
-        "combined_graph_embedding_only_ms": _time(lambda: combined.run(["sentence_embedding"], feeds), repeats) * 1e3,
-        "combined_graph_all_outputs_ms": _time(lambda: combined.run(None, feeds), repeats) * 1e3,
+        "embedding_graph_ms": median_seconds(lambda: embedding.run(["sentence_embedding"], feeds), repeats, warmup=False) * 1e3,
+        "combined_graph_embedding_only_ms": median_seconds(lambda: combined.run(["sentence_embedding"], feeds), repeats, warmup=False) * 1e3,
+        "combined_graph_all_outputs_ms": median_seconds(lambda: combined.run(None, feeds), repeats, warmup=False) * 1e3,
     }
     del embedding, combined
     shutil.rmtree(root, ignore_errors=True)

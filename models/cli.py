@@ -1,13 +1,12 @@
 """`attnserve variants` and `attnserve bench encoder`."""
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from models.registry import VARIANTS, parameters, variant_names
+from models.timing import median_seconds
 
 HEADS, HEAD_DIM = 12, 32
 
@@ -34,16 +33,6 @@ def configure_bench_encoder(parser):
     parser.add_argument("--out", default="reports/bench-encoder", help="folder for the CSV and plot")
 
 
-def _median_seconds(fn, repeats):
-    fn()  # warm-up: first calls pay for allocation and kernel selection
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _op_seconds(name, n, repeats):
     from models.registry import build_attention, make_config
 
@@ -52,14 +41,14 @@ def _op_seconds(name, n, repeats):
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(3))
     valid = torch.ones(1, n, dtype=torch.bool)
     with torch.no_grad():
-        return _median_seconds(lambda: attention(q, k, v, valid), repeats)
+        return median_seconds(lambda: attention(q, k, v, valid), repeats)
 
 
 def _encoder_seconds(encoder, n, repeats):
     ids = torch.randint(1000, 30000, (1, n), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        return _median_seconds(lambda: encoder(ids, mask), repeats)
+        return median_seconds(lambda: encoder(ids, mask), repeats)
 
 
 def _hf_models():
@@ -78,7 +67,7 @@ def _hf_seconds(model, name, n, repeats):
     if name == "longformer":
         kwargs["global_attention_mask"] = torch.zeros_like(ids).index_fill(1, torch.tensor([0]), 1)
     with torch.no_grad():
-        return _median_seconds(lambda: model(ids, **kwargs), repeats)
+        return median_seconds(lambda: model(ids, **kwargs), repeats)
 
 
 def bench_encoder(args) -> int:

@@ -1,25 +1,70 @@
-"""Peak memory of one encoder forward, measured in a fresh process (ru_maxrss).
+"""Peak memory of one encoder forward, measured in a fresh process.
 
 Used by the tests (a budget linear in N) and the encoder benchmark. Run as
 `python -m models.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
+
+The peak is the resident set size above what the process held just before the forward:
+ru_maxrss gives it exactly when the forward sets a new record for the process, but loading
+the weights has its own, higher peak that small forwards stay below. So a thread also samples
+the resident size every half millisecond, and freed memory is handed back to the system
+(malloc_trim) before each forward so that the starting point is what is really in use.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import resource
 import subprocess
 import sys
+import threading
 
 import torch
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
-def _peak_bytes() -> int:
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _record_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def _trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline is then a little high
+        pass
+
+
+def peak_extra_bytes(fn) -> int:
+    """Bytes above the current resident size at the peak of fn()."""
+    _trim()
+    before, record = _resident_bytes(), _record_bytes()
+    peak, done = [before], threading.Event()
+
+    def sample():
+        while not done.wait(0.0005):
+            peak[0] = max(peak[0], _resident_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        sampler.join()
+    if _record_bytes() > record:  # a new record for the process: the exact peak
+        peak[0] = max(peak[0], _record_bytes())
+    return max(peak[0] - before, 0)
+
+
 def measure(variant: str, lengths: list[int], max_length: int = 16384) -> dict[int, int]:
-    """{N: bytes above the loaded model's footprint at the peak of a forward at N tokens}.
-    Lengths must ascend: the peak of a process only grows."""
+    """{N: bytes above the loaded model's footprint at the peak of a forward at N tokens},
+    each length measured in the same fresh process."""
     code = f"import json, models.memory as m; print(json.dumps(m._run({variant!r}, {lengths!r}, {max_length})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
@@ -32,12 +77,7 @@ def _run(variant, lengths, max_length):
     ids = torch.randint(1000, 30000, (1, max(lengths)), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         encoder(ids[:, :16], torch.ones(1, 16, dtype=torch.long))  # warm up allocator and kernels
-        base = _peak_bytes()
-        result = {}
-        for n in lengths:
-            encoder(ids[:, :n], torch.ones(1, n, dtype=torch.long))
-            result[n] = _peak_bytes() - base
-    return result
+        return {n: peak_extra_bytes(lambda: encoder(ids[:, :n], torch.ones(1, n, dtype=torch.long))) for n in lengths}
 
 
 if __name__ == "__main__":
