@@ -57,6 +57,7 @@ from models.registry import make_config
 # MatMul/Softmax and materialise the scores).
 OPSET = 23
 FORMAT = "attnserve-onnx/1"
+HEADS_PER_NODE = 2  # heads per ONNX Attention node over all N keys (see onnx_friendly_attention)
 INPUT_NAMES = ["input_ids", "attention_mask"]
 EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
 MAX_BATCH = 1024
@@ -292,7 +293,13 @@ def onnx_friendly_attention():
         column = (bias / scale).transpose(-1, -2).expand(*key.shape[:-1], 1)
         query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
         key = torch.cat([key, column], dim=-1)
-        return original(query, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        # ORT's CPU Attention kernel also stores the scores of all the heads it is given at
+        # once (12 x N x N floats: 12.9 GB at 16,384 tokens); a few heads per node bound that.
+        parts = [
+            original(*(x[:, h : h + HEADS_PER_NODE] for x in (query, key, value)), dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+            for h in range(0, query.shape[1], HEADS_PER_NODE)
+        ]
+        return torch.cat(parts, dim=1)
 
     F.scaled_dot_product_attention = sdpa
     try:
