@@ -90,10 +90,11 @@ class BigBirdAttention(Attention):
         valid = pad_to_multiple(key_valid, c.block, dim=1, value=False).view(batch, nb, c.block)
         b_idx = torch.arange(batch, device=q.device)[:, None]
         flat_ids = ids.reshape(batch, -1)
+        h_idx = torch.arange(heads, device=q.device)[None, :, None]
 
-        def gather_blocks(x):  # (B, H, padded, D) -> (B, H, nb, W * block, D)
-            blocks = x.view(batch, heads, nb, c.block, dim).transpose(1, 2)[b_idx, flat_ids]  # (B, nb*W, H, bs, D)
-            return blocks.view(batch, nb, -1, heads, c.block, dim).permute(0, 3, 1, 2, 4, 5).reshape(batch, heads, nb, -1, dim)
+        def gather_blocks(x):  # (B, H, padded, D) -> (B, H, nb, W * block, D), in one copy
+            blocks = x.view(batch, heads, nb, c.block, dim)[b_idx[:, :, None], h_idx, flat_ids[:, None, :]]  # (B, H, nb*W, bs, D)
+            return blocks.view(batch, heads, nb, -1, dim)
 
         ctx_valid = (valid[b_idx, flat_ids].view(batch, nb, -1, c.block) & read[..., None]).view(batch, 1, nb, 1, -1)
         allowed = ctx_valid  # the same for every query of a block
