@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import FastAPI
 
-from service.batching import TokenBudgetBatcher
+from service.batching import TokenBudgetBatcher, default_batch_tokens
 from service.errors import install_error_handlers
 from service.metrics import ServiceMetrics
 from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
         metrics = ServiceMetrics(variant)
         batcher = TokenBudgetBatcher(
             runner,
-            max_batch_tokens=max(settings.max_batch_tokens, 1),
+            max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(str(getattr(runner, "provider", ""))),
             max_batch_requests=min(settings.max_batch_requests, int(getattr(runner, "max_batch", settings.max_batch_requests))),
             max_concurrent_requests=settings.max_concurrent_requests,
             on_queue_change=metrics.queue_depth.set,

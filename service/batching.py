@@ -1,7 +1,8 @@
 """The scheduling layer: admission control and a token-budget dynamic batcher.
 
 Routes hand tokenized inputs to `TokenBudgetBatcher`; one asyncio task packs waiting inputs
-into batches (at most max_batch_requests inputs, at most max_batch_tokens padded tokens) and
+into batches (at most max_batch_requests inputs, at most max_batch_tokens tokens once padded to
+the longest input and to the graph's length multiple) and
 runs each batch on the runner in a single worker thread, so the event loop never blocks and
 the ONNX Runtime session runs one batch at a time. Requests beyond max_concurrent_requests are
 refused at once (`Overloaded`, answered 429) instead of queueing without bound.
@@ -19,6 +20,17 @@ import numpy as np
 
 # How far past the oldest waiting input the packer looks for inputs that fit the budget.
 LOOKAHEAD = 256
+
+# Padded tokens per batch when the setting is 0. On a CPU one input of a hundred tokens already
+# keeps ONNX Runtime's matrix products busy, so batching saves little, and a batch past a few
+# thousand tokens runs slower per input (its activations no longer fit in cache); on a GPU
+# large batches are what fills it. service/README.md has the measurements.
+CPU_BATCH_TOKENS = 2048
+GPU_BATCH_TOKENS = 16384
+
+
+def default_batch_tokens(provider: str) -> int:
+    return CPU_BATCH_TOKENS if provider == "CPUExecutionProvider" else GPU_BATCH_TOKENS
 
 
 class Overloaded(Exception):
@@ -59,6 +71,9 @@ class TokenBudgetBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_concurrent_requests = max_concurrent_requests
+        # The runner pads a batch to a multiple of its graph's granule (OnnxRunner.length_multiple):
+        # the budget counts the tokens that actually run.
+        self.length_multiple = max(1, int(getattr(runner, "length_multiple", 1)))
         self.in_flight = 0
         self._queue: deque[_Job] = deque()
         self._wakeup = asyncio.Event()
@@ -168,13 +183,17 @@ class TokenBudgetBatcher:
             looked += 1
             new_width = max(width, len(job.ids))
             same_kind = job.attention is None and job.pooled == first.pooled
-            if same_kind and not job.future.done() and (len(batch) + 1) * new_width <= self.max_batch_tokens:
+            if same_kind and not job.future.done() and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
                 batch.append(job)
                 width = new_width
             else:
                 kept.append(job)
         self._queue.extendleft(reversed(kept))
         return batch
+
+    def padded(self, width: int) -> int:
+        """The sequence length the runner runs a batch of longest input `width` at."""
+        return -(-width // self.length_multiple) * self.length_multiple
 
     def _run(self, batch: list[_Job]) -> list:
         """In the worker thread: one runner call for the whole batch."""

@@ -84,12 +84,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_healthy(proc: subprocess.Popen, url: str, timeout: float, interval: float = 0.25) -> str | None:
+    """Poll GET url/health until it answers 200 (None), the process exits or timeout seconds
+    pass (then a few words saying which)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    return f"not ready after {timeout:g} s"
+
+
 class Server:
     """`attnserve serve` in a subprocess on 127.0.0.1, stopped with SIGTERM."""
 
     def __init__(self, export_dir: Path, *flags: str, log_dir: Path | None = None):
-        import httpx
-
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
@@ -99,18 +115,10 @@ class Server:
                 "--port", str(self.port), "--log-level", "warning", *flags]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"server not ready in 300 s; log: {self.log_path}")
+        problem = wait_until_healthy(self.proc, self.url, 300)
+        if problem is not None:
+            self.stop()
+            raise RuntimeError(f"server {problem}; log: {self.log_path}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -162,6 +170,8 @@ def configure_bench_service(parser) -> None:
     parser.add_argument("--text-tokens", type=int, default=128)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per serving mode")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds the duration is split into")
+    parser.add_argument("--intra-op-threads", type=int, default=0,
+                        help="ONNX Runtime intra-op threads of the raw runner and of every server (0: ONNX Runtime's default)")
 
 
 def _interleaved_latency(runner, url: str, tokenizer, text: str, reps: int) -> tuple[list[float], list[float], list[float]]:
@@ -239,13 +249,14 @@ def bench_service(args) -> int:
     tokenizer = TextTokenizer(export_dir / "tokenizer.json", 10**9)
     words = corpus_words(args.docs)
     texts = {n: text_of_tokens(tokenizer, words, n) for n in lengths}
-    flags = ["--max-length", str(args.max_length)] + (["--providers", args.providers] if args.providers else [])
+    flags = ["--max-length", str(args.max_length), "--intra-op-threads", str(args.intra_op_threads)]
+    flags += ["--providers", args.providers] if args.providers else []
     print(f"attnserve bench service: export {export_dir}")
     print(f"machine: {os.cpu_count()} CPUs, shared by the server, the clients and anything else running; "
           "each comparison is interleaved run by run (or round by round) so both sides see the same load\n")
 
     # 1. Latency: raw ONNX Runtime in this process and the same text over HTTP, alternated.
-    runner = OnnxRunner(export_dir, providers=providers)
+    runner = OnnxRunner(export_dir, providers=providers, intra_op_threads=args.intra_op_threads)
     latency = {}
     with Server(export_dir, *flags) as server:
         for n, (text, count) in texts.items():

@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimisation level")
 
     # Batching and limits.
-    max_batch_tokens: int = Field(16384, ge=1, description="padded tokens (batch size x longest input) per inference batch")
+    max_batch_tokens: int = Field(0, ge=0, description="tokens per inference batch, batch size x longest input padded to the export's length multiple (0: 2048 on CPU, 16384 on a GPU)")
     max_batch_requests: int = Field(32, ge=1, description="inputs per inference batch")
     max_concurrent_requests: int = Field(256, ge=1, description="requests accepted at once; more get 429")
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")

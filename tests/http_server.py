@@ -3,22 +3,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from service.bench import free_port, wait_until_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -31,18 +27,11 @@ class ServerProcess:
         self.proc = subprocess.Popen([PYTHON, *argv], cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        problem = wait_until_healthy(self.proc, self.url, timeout, interval=0.2)
+        if problem is None:
+            return self
         self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+        raise RuntimeError(f"server {problem}:\n{self.log()}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None and httpx.get(self.url + "/health", timeout=10).status_code == 200
@@ -73,9 +62,48 @@ def start_fake_server(*args: str, delay: float = 0.0, max_length: int = 512) -> 
     return ServerProcess(argv, port).wait_ready(60)
 
 
-def start_real_server(export_dir: Path | None, *args: str, env: dict | None = None) -> ServerProcess:
+def start_real_server(export_dir: Path | None, *args: str, env: dict | None = None, ready_timeout: float = 180.0) -> ServerProcess:
     """`attnserve serve` over `export_dir`, or (None) over the export its flags name."""
     port = free_port()
     where = ["--export-dir", str(export_dir)] if export_dir is not None else []
     argv = ["-m", "service", "serve", *where, "--port", str(port), "--log-level", "warning", *args]
-    return ServerProcess(argv, port, env=env).wait_ready(180)
+    return ServerProcess(argv, port, env=env).wait_ready(ready_timeout)
+
+
+def requests_in_flight(proc: ServerProcess) -> float:
+    """The server's attnserve_requests_in_flight gauge."""
+    metrics = httpx.get(proc.url + "/metrics", timeout=30).text
+    line = next(x for x in metrics.splitlines() if x.startswith("attnserve_requests_in_flight"))
+    return float(line.split()[-1])
+
+
+def wait_in_flight(proc: ServerProcess, n: int, timeout: float) -> bool:
+    """Poll until the server holds at least n requests (True) or timeout seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if requests_in_flight(proc) >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def terminate_while_busy(proc: ServerProcess, texts: list[str], timeout: float) -> tuple[list, int]:
+    """POST each text to /embed from a thread of its own, wait until the server holds all of
+    them, send SIGTERM, and wait for every answer and for the exit (each step bounded by
+    timeout seconds). Returns (each request's status code or transport error, exit status)."""
+    results: list = [None] * len(texts)
+
+    def call(i: int) -> None:
+        try:
+            results[i] = httpx.post(proc.url + "/embed", json={"inputs": texts[i]}, timeout=timeout).status_code
+        except httpx.HTTPError as exc:
+            results[i] = repr(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    wait_in_flight(proc, len(texts), timeout)
+    proc.terminate()
+    for t in threads:
+        t.join(timeout)
+    return results, proc.stop(timeout)

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from service.batching import Overloaded, Timings, TokenBudgetBatcher, pad
+from service.batching import Overloaded, Timings, TokenBudgetBatcher, default_batch_tokens, pad
 from http_fakes import FakeRunner
 
 
@@ -56,6 +56,25 @@ def test_an_input_over_the_budget_runs_alone():
     runner, out = run(main())
     assert out.shape == (2, 384)
     assert (1, 22) in runner.batches
+
+
+def test_the_budget_counts_the_padding_the_graph_runs():
+    async def main():
+        runner = FakeRunner()
+        runner.length_multiple = 256  # like longformer's export: every batch runs at 256k tokens
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=1024, max_batch_requests=32, max_concurrent_requests=100)
+        await batcher.start()
+        await asyncio.gather(*(batcher.embed([[101] + [7] * 10 + [102]], Timings()) for _ in range(12)))
+        await batcher.stop()
+        return runner
+
+    runner = run(main())
+    sizes = [size for size, _ in runner.batches]
+    assert sum(sizes) == 12 and max(sizes) == 4  # 4 x 256 padded tokens, not 1024 / 12 = 85 inputs
+
+
+def test_default_budget_depends_on_the_provider():
+    assert default_batch_tokens("CPUExecutionProvider") < default_batch_tokens("CUDAExecutionProvider")
 
 
 def test_admission_refuses_beyond_the_limit():

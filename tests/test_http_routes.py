@@ -7,6 +7,7 @@ import base64
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from http_checks import check_attention_formats
 from http_fakes import FakeRunner, tokenizer_json
 
 from service.app import create_app
@@ -126,24 +127,7 @@ def test_openai_errors_have_openai_shape(client):
 
 
 def test_attention_sparse_grid_png(client):
-    text = "the quick brown fox jumps over the lazy dog " * 5
-    r = client.post("/attention", json={"inputs": text, "layer": 2})
-    assert r.status_code == 200
-    body = r.json()
-    n = body["n_tokens"]
-    assert len(body["tokens"]) == n and body["tokens"][0] == "[CLS]"
-    assert len(body["rank_collapse"]) == 6
-    rows, vals = np.array(body["rows"]), np.array(body["values"])
-    np.testing.assert_allclose(np.bincount(rows, weights=vals), 1, rtol=1e-5)
-    r = client.post("/attention", json={"inputs": text, "layer": 2, "head": 3, "top_k": 2})
-    assert np.bincount(r.json()["rows"]).max() == 2
-    r = client.post("/attention", json={"inputs": text, "layer": 0, "format": "grid", "max_cells": 8})
-    grid = np.array(r.json()["grid"])
-    assert grid.shape[0] <= 8 and grid.shape[0] == grid.shape[1]
-    np.testing.assert_allclose(grid.sum(axis=1), 1, rtol=1e-4)
-    r = client.post("/attention", json={"inputs": text, "layer": 0, "format": "png", "max_cells": 16})
-    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
-    assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
+    check_attention_formats(client, "the quick brown fox jumps over the lazy dog " * 5, layer=2, atol=1e-4)
 
 
 @pytest.mark.parametrize("body", [{"layer": 6}, {"layer": -1}, {"layer": 0, "head": 12}, {"layer": "0"}, {"layer": 0, "format": "svg"}])

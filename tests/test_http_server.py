@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from http_server import ROOT, start_real_server
+from http_checks import check_attention_formats
+from http_server import ROOT, start_real_server, terminate_while_busy
 
 pytest.importorskip("service.runtime", reason="service/runtime.py (issue 3) not there yet")
 pytest.importorskip("models.export", reason="models/export.py (issue 3) not there yet")
@@ -150,24 +150,9 @@ def test_openai_client(server, client):
 
 
 def test_attention_formats(client):
-    text = "The quick brown fox jumps over the lazy dog. " * 30
-    r = client.post("/attention", json={"inputs": text, "layer": 3})
-    assert r.status_code == 200
-    body = r.json()
-    n = body["n_tokens"]
-    assert body["tokens"][0] == "[CLS]" and len(body["tokens"]) == n
-    assert len(body["rank_collapse"]) == 6 and all(0 < x <= 1.5 for x in body["rank_collapse"])
-    rows, cols, vals = (np.array(body[k]) for k in ("rows", "cols", "values"))
-    np.testing.assert_allclose(np.bincount(rows, weights=vals, minlength=n), 1, atol=1e-3)
-    assert set(cols[rows == 0]) == set(range(n))  # CLS is global in longformer
-    r = client.post("/attention", json={"inputs": text, "layer": 3, "head": 5, "top_k": 4})
-    assert np.bincount(r.json()["rows"]).max() == 4
-    r = client.post("/attention", json={"inputs": text, "layer": 0, "format": "grid", "max_cells": 16})
-    grid = np.array(r.json()["grid"])
-    assert grid.shape[0] <= 16 and r.json()["cell_tokens"] * grid.shape[0] >= n
-    np.testing.assert_allclose(grid.sum(axis=1), 1, atol=1e-3)
-    r = client.post("/attention", json={"inputs": text, "layer": 5, "format": "png"})
-    assert r.headers["content-type"] == "image/png" and r.content[:4] == b"\x89PNG"
+    body, rows, cols = check_attention_formats(client, "The quick brown fox jumps over the lazy dog. " * 30, layer=3, atol=1e-3)
+    assert all(0 < x <= 1.5 for x in body["rank_collapse"])
+    assert set(cols[rows == 0]) == set(range(body["n_tokens"]))  # CLS is global in longformer
 
 
 def test_tokenize_and_metrics(client):
@@ -240,31 +225,7 @@ def test_schemathesis_finds_no_5xx(server):
 def test_graceful_shutdown_answers_accepted_requests(export_dir):
     proc = start_real_server(export_dir, "--max-batch-requests", "1", "--providers", "CPUExecutionProvider")
     text = "word " * 900  # about 900 tokens, under max_length 1024
-    results: list = [None] * 4
-
-    def call(i):
-        try:
-            r = httpx.post(proc.url + "/embed", json={"inputs": f"{i} {text}"}, timeout=300)
-            results[i] = r.status_code
-        except httpx.HTTPError as exc:
-            results[i] = repr(exc)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        metrics = httpx.get(proc.url + "/metrics", timeout=30).text
-        line = next(x for x in metrics.splitlines() if x.startswith("attnserve_requests_in_flight"))
-        if float(line.split()[-1]) >= 4:
-            break
-        time.sleep(0.05)
-    proc.terminate()
-    for t in threads:
-        t.join(300)
-    code = proc.stop(120)
+    results, code = terminate_while_busy(proc, [f"{i} {text}" for i in range(4)], timeout=300)
     assert results == [200] * 4, (results, proc.log())
     assert code in (0, -15)
 
@@ -295,3 +256,49 @@ def test_serving_needs_neither_torch_nor_models(export_dir):
         assert r.status_code == 200
     finally:
         proc.stop()
+
+
+# A variant that exports quickly at a short max_length: the first-start test pays for one
+# whole export (both graphs and the parity check), as a user's first `attnserve serve` does.
+FIRST_START_VARIANT = "full"
+FIRST_START_MAX_LENGTH = 512
+
+
+def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
+    from http_server import ServerProcess, free_port
+
+    from service.exports import export_name
+
+    models_dir = tmp_path / "models"
+    flags = ["--models-dir", str(models_dir), "--variant", FIRST_START_VARIANT, "--max-length", str(FIRST_START_MAX_LENGTH),
+             "--providers", "CPUExecutionProvider"]
+    first = start_real_server(None, *flags, ready_timeout=900)
+    try:
+        info = httpx.get(first.url + "/info", timeout=60).json()
+        r = httpx.post(first.url + "/embed", json={"inputs": "exported on its first start"}, timeout=120)
+    finally:
+        first.stop()
+    assert "no export at" in first.log()  # the once-only export warning
+    # One finished export where `serve` looks for it, no scratch directory left beside it.
+    export = models_dir / export_name(FIRST_START_VARIANT, {}, FIRST_START_MAX_LENGTH)
+    assert [p.name for p in models_dir.iterdir()] == [export.name]
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert {"model.onnx", "analysis.onnx", "tokenizer.json"} <= set(manifest["files"])
+    assert info["variant"] == FIRST_START_VARIANT and info["max_length"] == FIRST_START_MAX_LENGTH
+    assert len(info["model_sha256"]) == 64 and info["model_sha256"] == manifest["files"]["model.onnx"]["sha256"]
+    assert r.status_code == 200 and len(r.json()) == 1 and len(r.json()[0]) == 384
+    written = {p.name: p.stat().st_mtime_ns for p in export.iterdir()}
+
+    # The second start reuses it: torch and models/ are blocked, so exporting again would fail.
+    port = free_port()
+    second = ServerProcess(["-c", _NO_TORCH, "serve", *flags, "--port", str(port), "--log-level", "warning"], port)
+    try:
+        second.wait_ready(180)
+        again = httpx.post(second.url + "/embed", json={"inputs": "exported on its first start"}, timeout=120)
+        assert httpx.get(second.url + "/info", timeout=60).json()["model_sha256"] == info["model_sha256"]
+    finally:
+        second.stop()
+    assert "no export at" not in second.log()
+    assert {p.name: p.stat().st_mtime_ns for p in export.iterdir()} == written
+    assert [p.name for p in models_dir.iterdir()] == [export.name]
+    np.testing.assert_allclose(again.json(), r.json(), atol=1e-6)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import httpx
 import pytest
-from http_server import start_fake_server
+from http_server import start_fake_server, terminate_while_busy, wait_in_flight
 
 
 @pytest.fixture(scope="module")
@@ -48,29 +47,8 @@ def test_million_character_document(server):
 
 def test_graceful_shutdown_answers_accepted_requests():
     proc = start_fake_server("--max-batch-requests", "1", delay=0.4)
-    results: list = [None] * 5
-
-    def call(i):
-        try:
-            results[i] = httpx.post(proc.url + "/embed", json={"inputs": f"document {i}"}, timeout=60).status_code
-        except httpx.HTTPError as exc:
-            results[i] = repr(exc)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
-    for t in threads:
-        t.start()
-    # Wait until all five are inside the server (the first one has started inference).
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        metrics = httpx.get(proc.url + "/metrics", timeout=5).text
-        line = next(l for l in metrics.splitlines() if l.startswith("attnserve_requests_in_flight"))
-        if float(line.split()[-1]) >= 5:
-            break
-        time.sleep(0.05)
-    proc.terminate()
-    for t in threads:
-        t.join(60)
-    code = proc.stop()
+    # SIGTERM once all five are inside the server (the first one has started inference).
+    results, code = terminate_while_busy(proc, [f"document {i}" for i in range(5)], timeout=60)
     assert results == [200] * 5, (results, proc.log())
     # uvicorn re-raises the SIGTERM it caught once it has shut down cleanly.
     assert code in (0, -15), proc.log()
@@ -101,12 +79,7 @@ def test_inference_does_not_block_the_event_loop():
 
         worker = threading.Thread(target=slow)
         worker.start()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            metrics = httpx.get(proc.url + "/metrics", timeout=5).text
-            if 'attnserve_requests_in_flight 1.0' in metrics:
-                break
-            time.sleep(0.02)
+        wait_in_flight(proc, 1, timeout=20)
         # While the model runs, the loop still answers (and tokenizes) other requests.
         assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
         assert httpx.post(proc.url + "/tokenize", json={"inputs": "other"}, timeout=10).status_code == 200
