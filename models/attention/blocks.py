@@ -51,10 +51,14 @@ def neighbour_blocks(x: torch.Tensor, reach: int, fill=0, extra: torch.Tensor | 
     return torch.cat(parts + [extra], dim=3)
 
 
-def band_block(half: int) -> int:
-    """Query block for a band of half-width `half`: smaller blocks waste fewer masked keys
-    (reach * block >= half), larger ones cost fewer kernel calls."""
-    return max(16, half // 2)
+def band_block(half: int, copied_context: bool = False) -> int:
+    """Query block for a band of half-width `half`. Each block reads block + 2 * half keys or a
+    little more, so smaller blocks waste fewer masked keys and larger ones cost fewer kernel
+    calls. A context that is a view of the keys favours half / 4; one copied per block (global
+    keys appended) favours half / 2, with fewer, larger copies. Measured at 4,096 tokens, window
+    512: local 4.7x over full with half / 4 against 4.4x with half / 2; longformer 3.3x with
+    half / 2 against 2.3x with half / 4."""
+    return max(16, half // 2 if copied_context else half // 4)
 
 
 def dense_rows_attention(q_rows, k, v, key_valid, scale, need_weights=False):

@@ -35,7 +35,7 @@ class LongformerAttention(Attention):
     def forward(self, q, k, v, key_valid, need_weights=False):
         half = self.config.window // 2
         rows = global_positions(self.config.global_tokens, key_valid)
-        return banded_attention(q, k, v, key_valid, half, band_block(half), self.scale, rows, need_weights)
+        return banded_attention(q, k, v, key_valid, half, band_block(half, copied_context=True), self.scale, rows, need_weights)
 
     def allowed_mask(self, key_valid):
         rows = global_positions(self.config.global_tokens, key_valid)
