@@ -143,12 +143,11 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
 def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5, log=print) -> dict:
     """Export one graph with the embedding and every layer's attention weights, and time it
     asked for the embedding alone vs for everything, beside the embedding-only graph."""
-    import onnxruntime as ort
     from torch import nn
 
     from models import load_encoder
-    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, analysis_layout,
-                               length_multiple, pad_to)
+    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, _ort_session,
+                               analysis_layout, length_multiple, pad_to)
     from models.registry import make_config
 
     threads = threads or torch.get_num_threads()
@@ -171,11 +170,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     with torch.no_grad():
         _export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, False, log)
         _export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, False, log)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    embedding = ort.InferenceSession(str(root / "embedding.onnx"), options, providers=["CPUExecutionProvider"])
-    combined = ort.InferenceSession(str(root / "combined.onnx"), options, providers=["CPUExecutionProvider"])
+    embedding, combined = _ort_session(root / "embedding.onnx", threads), _ort_session(root / "combined.onnx", threads)
     ids, mask = _inputs(1, length)
     ids, mask = pad_to(ids.numpy(), mask.numpy(), multiple)
     feeds = {"input_ids": ids, "attention_mask": mask}

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import shutil
@@ -51,12 +50,13 @@ from models.attention.base import MASKED
 from models.encoder import rank_collapse_ratio
 from models.pretrained import model_dir
 from models.registry import make_config
+# The export format is defined once, by its torch-free reader (the serving runtime).
+from service.runtime import FORMAT, pad_to, sha256
 
 # Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
 # Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into
 # MatMul/Softmax and materialise the scores).
 OPSET = 23
-FORMAT = "attnserve-onnx/1"
 HEADS_PER_NODE = 2  # heads per ONNX Attention node over all N keys (see onnx_friendly_attention)
 INPUT_NAMES = ["input_ids", "attention_mask"]
 EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
@@ -234,27 +234,7 @@ def _example(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-def pad_to(ids: np.ndarray, mask: np.ndarray, multiple: int, minimum: int = 2):
-    """Right-pad (B, N) ids/mask with zeros to a multiple of `multiple` (and >= minimum)."""
-    n = ids.shape[1]
-    width = max(-(-n // multiple) * multiple, -(-minimum // multiple) * multiple)
-    if width == n:
-        return ids, mask
-    pid = np.zeros((ids.shape[0], width), dtype=np.int64)
-    pm = np.zeros((ids.shape[0], width), dtype=np.int64)
-    pid[:, :n], pm[:, :n] = ids, mask
-    return pid, pm
-
-
 # --------------------------------------------------------------------------- export
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _dynamic_shapes(multiple: int, capacity: int, max_batch: int):

@@ -36,12 +36,26 @@ class ExportError(Exception):
     manifest.json. The message names the file."""
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB pieces (the manifest records it per file)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def pad_to(ids: np.ndarray, mask: np.ndarray, multiple: int, minimum: int = 2):
+    """Right-pad (B, N) int64 ids/mask with zeros to a multiple of `multiple` (and >= minimum):
+    the sequence granule every exported graph takes."""
+    n = ids.shape[1]
+    width = max(-(-n // multiple), -(-minimum // multiple)) * multiple
+    if width == n:
+        return ids, mask
+    pid = np.zeros((ids.shape[0], width), dtype=np.int64)
+    pm = np.zeros((ids.shape[0], width), dtype=np.int64)
+    pid[:, :n], pm[:, :n] = ids, mask
+    return pid, pm
 
 
 def read_manifest(export_dir: Path) -> dict:
@@ -73,7 +87,7 @@ def check_files(export_dir: Path, manifest: dict, names) -> None:
         size = path.stat().st_size
         if "bytes" in expected and size != expected["bytes"]:
             raise ExportError(f"{path}: {size} bytes, manifest.json says {expected['bytes']} (file changed or truncated)")
-        actual = _sha256(path)
+        actual = sha256(path)
         if actual != expected.get("sha256"):
             raise ExportError(f"{path}: sha256 {actual[:16]}... does not match manifest.json ({str(expected.get('sha256'))[:16]}...)")
 
@@ -188,12 +202,7 @@ class OnnxRunner:
             ids, mask, n = ids[:, : self.max_length], mask[:, : self.max_length], self.max_length
         ids = ids.astype(np.int64, copy=False)
         mask = mask.astype(np.int64, copy=False)
-        width = max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
-        if width != n:
-            pid = np.zeros((batch, width), dtype=np.int64)
-            pm = np.zeros((batch, width), dtype=np.int64)
-            pid[:, :n], pm[:, :n] = ids, mask
-            ids, mask = pid, pm
+        ids, mask = pad_to(ids, mask, self.length_multiple, self.min_length)
         return np.ascontiguousarray(ids), np.ascontiguousarray(mask), n
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
