@@ -90,8 +90,12 @@ def banded_attention(q, k, v, key_valid, half, block, scale, global_rows=None, n
 
     global_rows: None or ((B, G) token indices, (B, G) bool valid). A global token attends to
     every token and every token attends to it (its key is left out of the band so no query
-    counts it twice). Returns out (B, H, N, D) and a list of SlotWeights or None.
+    counts it twice). block: query block size, None for band_block's choice (global keys are
+    appended by copying each block's context). Returns out (B, H, N, D) and a list of
+    SlotWeights or None.
     """
+    if block is None:
+        block = band_block(half, copied_context=global_rows is not None)
     batch, heads, n, dim = q.shape
     reach = -(-half // block)
     qb, kb, vb = (pad_to_multiple(x, block, dim=2) for x in (q, k, v))

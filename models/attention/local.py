@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.attention.base import Attention, AttentionConfig, check
-from models.attention.blocks import band_block, banded_attention, banded_mask
+from models.attention.blocks import banded_attention, banded_mask
 from models.registry import register_attention
 
 
@@ -34,7 +34,7 @@ class SlidingWindowAttention(Attention):
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         half = self.config.window // 2
-        return banded_attention(q, k, v, key_valid, half, band_block(half), self.scale, None, need_weights)
+        return banded_attention(q, k, v, key_valid, half, None, self.scale, None, need_weights)
 
     def allowed_mask(self, key_valid):
         return banded_mask(key_valid, self.config.window // 2)

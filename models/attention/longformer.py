@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.attention.base import Attention
-from models.attention.blocks import band_block, banded_attention, banded_mask, global_positions
+from models.attention.blocks import banded_attention, banded_mask, global_positions
 from models.attention.global_tokens import GlobalConfig
 from models.attention.local import LocalConfig
 from models.registry import register_attention
@@ -35,7 +35,7 @@ class LongformerAttention(Attention):
     def forward(self, q, k, v, key_valid, need_weights=False):
         half = self.config.window // 2
         rows = global_positions(self.config.global_tokens, key_valid)
-        return banded_attention(q, k, v, key_valid, half, band_block(half, copied_context=True), self.scale, rows, need_weights)
+        return banded_attention(q, k, v, key_valid, half, None, self.scale, rows, need_weights)
 
     def allowed_mask(self, key_valid):
         rows = global_positions(self.config.global_tokens, key_valid)

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import band_block, banded_attention
+from models.attention.blocks import banded_attention
 from models.registry import register_attention
 
 
@@ -48,7 +48,7 @@ class StridedAttention(Attention):
 
         valid = pad_to_multiple(key_valid, stride, dim=1, value=False)
         valid = valid.view(batch, -1, stride).transpose(1, 2).reshape(batch * stride, -1)
-        out, weights = banded_attention(by_residue(q), by_residue(k), by_residue(v), valid, half, band_block(half), self.scale, None, need_weights)
+        out, weights = banded_attention(by_residue(q), by_residue(k), by_residue(v), valid, half, None, self.scale, None, need_weights)
         steps = out.shape[2]
         out = out.view(batch, stride, heads, steps, dim).permute(0, 2, 3, 1, 4).reshape(batch, heads, steps * stride, dim)[:, :, :n]
         if need_weights:
