@@ -132,7 +132,9 @@ class OnnxRunner:
         self.providers: list[str] = self._session.get_providers()
         if self.provider != self.requested_providers[0]:
             log.warning("ONNX Runtime runs %s on %s (asked for %s)", self.export_dir, self.provider, self.requested_providers)
-        self._use_io_binding = self.provider == "CUDAExecutionProvider"
+        # Where run() binds its outputs: on CUDA, device memory through IO binding; None: plain
+        # session.run (on CPU a binding would only add copies).
+        self.io_binding_device: str | None = "cuda" if self.provider == "CUDAExecutionProvider" else None
         analysis = self.manifest["graphs"].get("analysis") or {}
         # Longest text an attention-map request may have (0: the export has no analysis graph).
         self.attention_max_length: int = int(analysis.get("max_length", self.max_length)) if analysis else 0
@@ -207,7 +209,7 @@ class OnnxRunner:
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         feeds = {"input_ids": ids, "attention_mask": mask}
-        if not self._use_io_binding:
+        if self.io_binding_device is None:
             return session.run(outputs, feeds)
         # On CUDA: inputs copied once into device memory, outputs allocated there by ORT and
         # copied back once, instead of the per-run staging of session.run.
@@ -215,7 +217,7 @@ class OnnxRunner:
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         for name in outputs:
-            binding.bind_output(name, "cuda")
+            binding.bind_output(name, self.io_binding_device)
         session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()
 
@@ -249,20 +251,36 @@ class OnnxRunner:
             raise ValueError(f"layer must be in 0..{self.num_layers - 1} (got {layer!r})")
         if head is not None and (not isinstance(head, (int, np.integer)) or not 0 <= head < self.num_heads):
             raise ValueError(f"head must be in 0..{self.num_heads - 1} or None (got {head!r})")
-        if "analysis" not in self.manifest["graphs"]:
-            raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
+        self._require_analysis()
         ids, mask, _ = self._prepare(input_ids, attention_mask)
         ids, mask = ids[:1], mask[:1]
         n = int(mask[0].sum())
         if n > self.attention_max_length:
             raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens "
                              f"(every layer's weights are computed at once); got {n}: send a shorter text")
+        return compact_to_coo(self._pieces(ids, mask, [layer])[0], n, head, self.num_heads)
+
+    def attention_pieces(self, input_ids, attention_mask, layers=None) -> list[list[tuple]]:
+        """The whole batch's attention weights in the variant's compact form, from one run of
+        the analysis graph: for each layer asked (all by default), its pieces (rows, cols,
+        probs) over the padded width (see models.attention.base.SlotWeights)."""
+        self._require_analysis()
+        ids, mask, _ = self._prepare(input_ids, attention_mask)
+        longest = int(mask.sum(1).max())
+        if longest > self.attention_max_length:
+            raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens; got {longest}")
+        return self._pieces(ids, mask, range(self.num_layers) if layers is None else layers)
+
+    def _require_analysis(self) -> None:
+        if "analysis" not in self.manifest["graphs"]:
+            raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
+
+    def _pieces(self, ids, mask, layers) -> list[list[tuple]]:
         session = self._analysis_session()
-        pieces = self.manifest["graphs"]["analysis"]["attention"][layer]
-        names = [piece[part] for piece in pieces for part in ("rows", "cols", "probs")]
-        values = self._run(session, names, ids, mask)
-        compact = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
-        return compact_to_coo(compact, n, head, self.num_heads)
+        per_layer = [self.manifest["graphs"]["analysis"]["attention"][layer] for layer in layers]
+        names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
+        values = iter(self._run(session, names, ids, mask))
+        return [[(next(values), next(values), next(values)) for _ in pieces] for pieces in per_layer]
 
 
 def compact_to_coo(pieces, n: int, head: int | None, num_heads: int):

@@ -60,9 +60,26 @@ def test_runner_reports_the_provider_that_runs(runner):
     assert runner.requested_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert runner.provider == runner._session.get_providers()[0]
     assert runner.provider in ort.get_available_providers()
-    if runner.provider != "CUDAExecutionProvider":
-        assert runner.provider == "CPUExecutionProvider" and not runner._use_io_binding
+    if runner.provider == "CUDAExecutionProvider":
+        assert runner.io_binding_device == "cuda"
+    else:
+        assert runner.provider == "CPUExecutionProvider" and runner.io_binding_device is None
     assert runner.variant == VARIANT and runner.max_length == MAX_LENGTH
+
+
+def test_io_binding_path_gives_the_same_outputs(runner, monkeypatch):
+    """The IO-binding path (what runs on CUDA) bound to host memory, the only device this
+    machine has: same outputs as session.run, for both graphs."""
+    ids, mask = padded_batch([300, 77], seed=6)
+    outputs = ("sentence_embedding", "last_hidden_state", "rank_collapse")
+    plain = runner.run(ids, mask, outputs)
+    plain_map = runner.attention(ids, mask, 2)
+    monkeypatch.setattr(runner, "io_binding_device", "cpu")
+    bound = runner.run(ids, mask, outputs)
+    for name in outputs:
+        np.testing.assert_array_equal(bound[name], plain[name])
+    for got, expected in zip(runner.attention(ids, mask, 2), plain_map):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_embed_matches_the_encoder_on_real_text(export, runner):
@@ -106,6 +123,22 @@ def test_attention_map_matches_the_encoder(export, runner, head):
         assert rows.max() < n and cols.max() < n
         # Every real query's weights sum to 1.
         np.testing.assert_allclose(np.bincount(rows, weights=values, minlength=n), 1.0, atol=1e-4)
+
+
+def test_attention_pieces_cover_the_whole_batch(export, runner):
+    """attention_pieces: every layer of every document, in compact form, from one run; its
+    first document's layer is what attention() turns into COO."""
+    from service.runtime import compact_to_coo
+
+    ids, mask = padded_batch([300, 77], seed=4)
+    pieces = runner.attention_pieces(ids, mask)
+    assert len(pieces) == 6
+    for layer in (0, 5):
+        for rows, cols, probs in pieces[layer]:
+            assert probs.shape[:2] == (2, 12) and rows.ndim == 3 and cols.ndim == 4
+        first = compact_to_coo([(r[:1], c[:1], p[:1]) for r, c, p in pieces[layer]], 300, None, 12)
+        for got, expected in zip(first, runner.attention(ids[:1, :300], mask[:1, :300], layer)):
+            np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
 def test_rank_collapse_matches_the_encoder(export, runner):

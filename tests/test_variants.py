@@ -124,3 +124,25 @@ def test_string_parameters_are_converted():
     assert config.window == 128 and config.global_tokens == (0, 5)
     with pytest.raises(ValueError, match="invalid parameter window"):
         make_config("local", 512, window="wide")
+
+
+def test_lsh_orders_read_back_from_its_map():
+    """LSH's sort orders (its only discrete decisions) can be recovered from its attention map,
+    also from a run padded wider (what an export runs), and replaying them reproduces the
+    output: what tests/test_export_parity.py relies on."""
+    att = attention("lsh")
+    n, wider = 1001, 1088
+    q, k, v = inputs(2, wider, seed=5)
+    key_valid = torch.ones(2, wider, dtype=torch.bool)
+    key_valid[1, 640:] = False
+    out, weights = att(q[:, :, :n], k[:, :, :n], v[:, :, :n], key_valid[:, :n], need_weights=True)
+    _, wide_weights = att(q, k, v, key_valid & (torch.arange(wider) < n), need_weights=True)
+    expected = [att.orders(q[:, :, :n], k[:, :, :n], key_valid[:, :n], r) for r in range(att.config.n_hashes)]
+    for pieces in (weights, wide_weights):
+        recovered = att.orders_from_weights(pieces, n)
+        assert len(recovered) == len(expected) == 2
+        for (q_order, k_order), (q_expected, k_expected) in zip(recovered, expected):
+            assert torch.equal(q_order, q_expected) and torch.equal(k_order, k_expected)
+    att.orders = lambda q_, k_, valid, round_: recovered[round_]
+    replayed, _ = att(q[:, :, :n], k[:, :, :n], v[:, :, :n], key_valid[:, :n])
+    assert torch.equal(replayed, out)

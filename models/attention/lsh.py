@@ -63,12 +63,33 @@ class LSHAttention(Attention):
         position = torch.arange(n, device=x.device)
         return torch.argsort(bucket * n + position, dim=-1)
 
+    def orders(self, q, k, key_valid, round_):
+        """The round's only discrete decisions: the (B, H, N) sort orders of queries and keys.
+        Everything after them is continuous in q, k and v (tests replay recorded orders here to
+        compare two runtimes that round differently)."""
+        return self.sorted_order(q, key_valid, round_), self.sorted_order(k, key_valid, round_)
+
+    def orders_from_weights(self, pieces, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The inverse of forward's attention map: each round's (q_order, k_order) over the
+        first n tokens, from the compact pieces (rows, cols, probs) that need_weights returns,
+        e.g. as an export's analysis graph gives them (arrays over a padded width). Query
+        chunk c's middle slots hold sorted key chunk c, so k_order is read off them."""
+        chunk = self.config.chunk
+        orders = []
+        for rows, cols, _ in pieces:
+            rows, cols = torch.as_tensor(rows), torch.as_tensor(cols)
+            width = rows.shape[-1]
+            k_order = cols[..., ::chunk, chunk : 2 * chunk].flatten(-2)[..., :width]
+            # Padding (bucket n_buckets) sorts last by position, so the first n entries of a
+            # wider run's orders are the orders of a run n tokens wide.
+            orders.append((rows[..., :n].long(), k_order[..., :n].long()))
+        return orders
+
     def hash_round(self, q, k, v, key_valid, round_, need_weights):
         """One hash round: (out, lse) in token order, and (q_order, cols, probs) if asked."""
         c = self.config
         batch, heads, n, dim = q.shape
-        q_order = self.sorted_order(q, key_valid, round_)
-        k_order = self.sorted_order(k, key_valid, round_)
+        q_order, k_order = self.orders(q, k, key_valid, round_)
 
         def sort(x, order):
             return pad_to_multiple(x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1])), c.chunk, dim=2)
