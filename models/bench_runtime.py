@@ -3,7 +3,10 @@
 For each variant: export its embedding graph once (max_length = the longest length asked
 for), then at each length time one forward of a batch of random tokens in PyTorch eager and
 in ONNX Runtime (same thread count), and print the medians and the ratio eager / ORT (> 1:
-ORT is faster). With --output-pruning it also measures whether asking ONNX Runtime for the
+ORT is faster). Beside them, the FLOPs of the forward (matrix products and attention
+kernels) and the rate each runtime reaches, against the machine's matrix-multiply rate: their
+ratio, the "ceiling", is the most any runtime could gain over eager by running every counted
+FLOP at that rate. With --output-pruning it also measures whether asking ONNX Runtime for the
 embedding alone skips the attention-map outputs of a graph that has both (it does not,
 which is why exports have a separate analysis graph).
 
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.flops import count_flops, matmul_peak_flops
 from models.timing import median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
@@ -94,6 +98,8 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
 
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
+    peak = matmul_peak_flops()
+    log(f"matrix-multiply rate on {threads} threads: {peak / 1e9:.0f} GFLOP/s")
     root = Path(exports_dir) if exports_dir else Path(tempfile.mkdtemp(prefix="attnserve-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     max_length = max(lengths)
@@ -128,11 +134,15 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
+            flops = count_flops(lambda: encoder(ids, mask))
             row = {"variant": variant, "length": length, "batch": batch, "eager_ms": eager * 1e3, "ort_ms": ort_s * 1e3,
-                   "speedup": eager / ort_s, "provider": runner.provider, "threads": threads, "max_abs_diff": diff}
+                   "speedup": eager / ort_s, "provider": runner.provider, "threads": threads, "max_abs_diff": diff,
+                   "gflop": flops / 1e9, "eager_gflops": flops / eager / 1e9, "ort_gflops": flops / ort_s / 1e9,
+                   "matmul_gflops": peak / 1e9, "ceiling": peak * eager / flops}
             rows.append(row)
             log(f"{variant:12s} {length:6d}  eager {eager * 1e3:9.1f} ms  ort {ort_s * 1e3:9.1f} ms  eager/ort {eager / ort_s:5.2f}x"
-                + (f"  max|diff| {diff:.1e}" if diff is not None else ""))
+                f"  {flops / 1e9:6.1f} GFLOP: eager {row['eager_gflops']:4.0f}, ort {row['ort_gflops']:4.0f} GFLOP/s,"
+                f" ceiling {row['ceiling']:4.2f}x" + (f"  max|diff| {diff:.1e}" if diff is not None else ""))
         log(f"{variant}: {time.perf_counter() - started:.0f}s")
         del runner, encoder
     if not exports_dir:  # a temporary directory of ours: exports are ~100 MB each
@@ -218,6 +228,13 @@ def bench_runtime_command(args) -> int:
                 cells.append(f"{row['speedup']:9.2f}x")
             else:
                 cells.append(f"{'skipped' if row else 'failed':>10s}")
+        print(f"{variant:12s}" + "".join(cells))
+    print()
+    print("ceiling = eager time x matrix-multiply rate / FLOPs: the most any runtime could gain over eager")
+    print(header)
+    for variant in names:
+        cells = [next((f"{r['ceiling']:9.2f}x" for r in rows if r["variant"] == variant and r.get("length") == n and "ceiling" in r),
+                      f"{'-':>10s}") for n in lengths]
         print(f"{variant:12s}" + "".join(cells))
     pruning = None
     if args.output_pruning:

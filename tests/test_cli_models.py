@@ -23,3 +23,32 @@ def test_mean_reciprocal_rank():
     assert mean_reciprocal_rank(docs, docs) == 1.0
     swapped = docs[[1, 0, 2]]  # queries 0 and 1 rank their document second
     assert abs(mean_reciprocal_rank(swapped, docs) - (0.5 + 0.5 + 1) / 3) < 1e-6
+
+
+def test_flop_count_of_the_full_encoder_is_its_matrix_products():
+    """count_flops (behind bench runtime's ceilings) counts every projection, FFN and the CPU
+    attention kernel FlopCounterMode alone misses: 6 layers at n tokens, multiply-add = 2."""
+    from models import load_encoder
+    from models.flops import count_flops
+
+    encoder = load_encoder("full", 256)
+    n, width, inner = 100, 384, 1536
+    ids = torch.randint(1000, 29000, (1, n))
+    per_layer = 2 * n * width * (4 * width + 2 * inner) + 2 * (2 * n * n * width)  # linears + QK^T and PV
+    assert count_flops(lambda: encoder(ids, torch.ones_like(ids))) == 6 * per_layer
+
+
+def test_bench_runtime_prints_ratios_and_ceilings(tmp_path):
+    """A smoke run of `attnserve bench runtime` on one short variant (no timing is asserted)."""
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "bench", "runtime", "--variants", "strided", "--lengths", "64,130",
+         "--threads", "2", "--repeats", "1", "--json", str(tmp_path / "rows.json")],
+        capture_output=True, text=True, check=True, timeout=600,
+    ).stdout
+    assert "GFLOP/s" in out and "ceiling = eager time" in out
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [r["length"] for r in rows] == [64, 130]
+    for row in rows:
+        assert row["max_abs_diff"] <= 1e-4 and row["gflop"] > 0 and row["ceiling"] > 0 and row["speedup"] > 0
