@@ -65,7 +65,7 @@ class SinkhornAttention(Attention):
         nb = kb.shape[2] // c.block
         valid = pad_to_multiple(key_valid, c.block, dim=1, value=False).view(batch, 1, nb, c.block, 1)
         summary = (kb.view(batch, heads, nb, c.block, dim) * valid).sum(3) / valid.sum(3).clamp(min=1)
-        scores = torch.einsum("bhid,hde,bhje->bhij", summary, self.sort_projection, summary)
+        scores = torch.matmul(torch.matmul(summary, self.sort_projection), summary.transpose(-1, -2))  # (B, H, nb, nb)
         eye = torch.eye(nb, dtype=torch.bool, device=k.device)
         scores = scores + self.identity_bonus * eye
         # Real blocks sort among real blocks only; empty (padding) blocks stay in place.

@@ -81,7 +81,7 @@ class SynthesizerAttention(Attention):
         right = self.right[None, :, :n]
         if self.config.mode == "random":
             return self.left[None, :, :n], right
-        return torch.relu(torch.einsum("bhnd,hdr->bhnr", q, self.hidden)), right
+        return torch.relu(torch.matmul(q, self.hidden)), right  # (B, H, N, rank)
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         a, b = self.factors(q)
