@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import neighbour_blocks
+from models.attention.blocks import neighbour_blocks, take_rows
 from models.registry import register_attention
 
 
@@ -92,13 +92,13 @@ class LSHAttention(Attention):
         q_order, k_order = self.orders(q, k, key_valid, round_)
 
         def sort(x, order):
-            return pad_to_multiple(x.gather(2, order[..., None].expand(-1, -1, -1, x.shape[-1])), c.chunk, dim=2)
+            return pad_to_multiple(take_rows(x, order), c.chunk, dim=2)
 
         qs = sort(q * self.scale, q_order)
         nc = qs.shape[2] // c.chunk
         ks = neighbour_blocks(sort(k, k_order).view(batch, heads, nc, c.chunk, dim), 1)
         vs = neighbour_blocks(sort(v, k_order).view(batch, heads, nc, c.chunk, dim), 1)
-        k_valid = pad_to_multiple(key_valid[:, None, :].expand(-1, heads, -1).gather(2, k_order), c.chunk, dim=2, value=False)
+        k_valid = pad_to_multiple(key_valid.gather(1, k_order.flatten(1)).view(batch, heads, n), c.chunk, dim=2, value=False)
         allowed = neighbour_blocks(k_valid.view(batch, heads, nc, c.chunk), 1, fill=False)[:, :, :, None, :]
         # matmul rather than einsum, here and below: the same kernels in PyTorch, but ONNX
         # Runtime's Einsum kernel took a third of the exported graph's time at 4,096 tokens.
@@ -109,10 +109,10 @@ class LSHAttention(Attention):
         probs = scores.sub_(top).exp_()  # masked keys underflow to exactly 0
         total = probs.sum(dim=-1, keepdim=True)
         probs.div_(total)
-        lse = (top + total.log()).reshape(batch, heads, -1)[:, :, :n]
-        out = torch.matmul(probs, vs).reshape(batch, heads, -1, dim)[:, :, :n]
-        unsort = torch.argsort(q_order, dim=-1)  # back to token order
-        out, lse = out.gather(2, unsort[..., None].expand(-1, -1, -1, dim)), lse.gather(2, unsort)
+        lse = (top + total.log()).reshape(batch, heads, -1)
+        out = torch.matmul(probs, vs).reshape(batch, heads, -1, dim)
+        unsort = torch.argsort(q_order, dim=-1)  # back to token order (past n: chunk padding)
+        out, lse = take_rows(out, unsort), lse.gather(2, unsort)
         if not need_weights:
             return out, lse, None
         k_pos = pad_to_multiple(k_order, c.chunk, dim=2, value=-1)

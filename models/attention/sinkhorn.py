@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import context_attention, neighbour_blocks
+from models.attention.blocks import context_attention, neighbour_blocks, take_rows
 from models.registry import register_attention
 
 IDENTITY_BONUS = 10.0  # diagonal score at initialisation: the identity sort
@@ -88,8 +88,7 @@ class SinkhornAttention(Attention):
 
         def local_and_sorted(x, fill=0):  # (B, H, nb, bs, ...) -> (B, H, nb, (2L+2) * bs, ...)
             local = neighbour_blocks(x, c.local_blocks, fill=fill)
-            index = target.view(batch, heads, nb, *([1] * (x.dim() - 3))).expand(-1, -1, -1, *x.shape[3:])
-            return torch.cat([local, x.gather(2, index)], dim=3)
+            return torch.cat([local, take_rows(x.flatten(3), target).view(x.shape)], dim=3)
 
         blocks = lambda x: x.view(batch, heads, nb, c.block, dim)  # noqa: E731
         here = torch.arange(nb, device=q.device)
