@@ -102,39 +102,67 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, timeout: float, interva
     return f"not ready after {timeout:g} s"
 
 
-class Server:
-    """`attnserve serve` in a subprocess on 127.0.0.1, stopped with SIGTERM."""
+class ServerProcess:
+    """A server in a subprocess on 127.0.0.1 (argv after the Python interpreter), its output
+    in a log file, stopped with SIGTERM. Benchmarks start `attnserve serve` through
+    start_serve; the end-to-end tests start real and fake servers with it too."""
 
-    def __init__(self, export_dir: Path, *flags: str, log_dir: Path | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-        self.log_path = log_dir / f"attnserve-bench-{self.port}.log"
+    def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-{port}.log"
         self._log = open(self.log_path, "wb")
-        argv = [sys.executable, "-m", "service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning", *flags]
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        problem = wait_until_healthy(self.proc, self.url, 300)
-        if problem is not None:
-            self.stop()
-            raise RuntimeError(f"server {problem}; log: {self.log_path}")
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def stop(self) -> None:
+    def wait_ready(self, timeout: float = 120.0, interval: float = 0.25) -> "ServerProcess":
+        """Wait until /health answers 200; on failure stop the process and raise with its log."""
+        problem = wait_until_healthy(self.proc, self.url, timeout, interval=interval)
+        if problem is None:
+            return self
+        self.stop()
+        raise RuntimeError(f"server {problem}; log {self.log_path}:\n{self.log()}")
+
+    def alive(self) -> bool:
+        import httpx
+
+        return self.proc.poll() is None and httpx.get(self.url + "/health", timeout=10).status_code == 200
+
+    def log(self) -> str:
+        """The last 5,000 characters the server wrote."""
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+
+    def stop(self, timeout: float = 120.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout` seconds; the exit code."""
+        self.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
         self._log.close()
+        return self.proc.returncode
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def start_serve(export_dir: Path, *flags: str, log_dir: Path | None = None) -> ServerProcess:
+    """`attnserve serve` over an export, ready to take requests."""
+    port = free_port()
+    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+    argv = ["-m", "service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", *flags]
+    return ServerProcess(argv, port, log_path=log_dir / f"attnserve-bench-{port}.log").wait_ready(300)
 
 
 def resolve_export(args) -> Path:
@@ -258,7 +286,7 @@ def bench_service(args) -> int:
     # 1. Latency: raw ONNX Runtime in this process and the same text over HTTP, alternated.
     runner = OnnxRunner(export_dir, providers=providers, intra_op_threads=args.intra_op_threads)
     latency = {}
-    with Server(export_dir, *flags) as server:
+    with start_serve(export_dir, *flags) as server:
         for n, (text, count) in texts.items():
             latency[n] = _interleaved_latency(runner, server.url, tokenizer, text, args.reps)
     provider = runner.provider
@@ -274,7 +302,7 @@ def bench_service(args) -> int:
     short = [text_of_tokens(tokenizer, words, args.text_tokens, start=i * 97)[0] for i in range(64)]
     rounds = max(1, args.rounds)
     modes = {"dynamic batching": [], "batch size 1": ["--max-batch-requests", "1"]}
-    servers = {label: Server(export_dir, *flags, *extra) for label, extra in modes.items()}
+    servers = {label: start_serve(export_dir, *flags, *extra) for label, extra in modes.items()}
     runs: dict[str, list] = {label: [] for label in modes}
     try:
         for label, server in servers.items():  # warm-up
@@ -357,7 +385,7 @@ def bench_load(args) -> int:
     if args.url:
         result, metrics = run(args.url), {}
     else:
-        with Server(export_dir, "--max-length", str(args.max_length), *flags) as server:
+        with start_serve(export_dir, "--max-length", str(args.max_length), *flags) as server:
             result = run(server.url)
             metrics = _scrape(server.url)
     codes: dict[int, int] = {}

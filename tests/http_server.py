@@ -2,58 +2,32 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from service.bench import free_port, wait_until_healthy
+from service.bench import ServerProcess as _ServerProcess
+from service.bench import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
 
 
-class ServerProcess:
+class ServerProcess(_ServerProcess):
+    """service.bench's server subprocess with the tests' defaults: tests/ importable (the fake
+    server and the torch-blocking wrappers), a log named for the tests, 30 s to stop."""
+
     def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-test-{port}.log"
-        self._log = open(self.log_path, "wb")
-        full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **(env or {})}
-        self.proc = subprocess.Popen([PYTHON, *argv], cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **(env or {})}
+        log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-test-{port}.log"
+        super().__init__(argv, port, env=env, log_path=log_path)
 
     def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
-        problem = wait_until_healthy(self.proc, self.url, timeout, interval=0.2)
-        if problem is None:
-            return self
-        self.stop()
-        raise RuntimeError(f"server {problem}:\n{self.log()}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None and httpx.get(self.url + "/health", timeout=10).status_code == 200
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-    def terminate(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        return super().wait_ready(timeout, interval=0.2)
 
     def stop(self, timeout: float = 30.0) -> int:
-        self.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
+        return super().stop(timeout)
 
 
 def start_fake_server(*args: str, delay: float = 0.0, max_length: int = 512) -> ServerProcess:
