@@ -255,9 +255,7 @@ class OnnxRunner:
         ids, mask, _ = self._prepare(input_ids, attention_mask)
         ids, mask = ids[:1], mask[:1]
         n = int(mask[0].sum())
-        if n > self.attention_max_length:
-            raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens "
-                             f"(every layer's weights are computed at once); got {n}: send a shorter text")
+        self._check_map_length(n)
         return compact_to_coo(self._pieces(ids, mask, [layer])[0], n, head, self.num_heads)
 
     def attention_pieces(self, input_ids, attention_mask, layers=None) -> list[list[tuple]]:
@@ -266,14 +264,17 @@ class OnnxRunner:
         probs) over the padded width (see models.attention.base.SlotWeights)."""
         self._require_analysis()
         ids, mask, _ = self._prepare(input_ids, attention_mask)
-        longest = int(mask.sum(1).max())
-        if longest > self.attention_max_length:
-            raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens; got {longest}")
+        self._check_map_length(int(mask.sum(1).max()))
         return self._pieces(ids, mask, range(self.num_layers) if layers is None else layers)
 
     def _require_analysis(self) -> None:
         if "analysis" not in self.manifest["graphs"]:
             raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
+
+    def _check_map_length(self, n: int) -> None:
+        if n > self.attention_max_length:
+            raise ValueError(f"attention maps of {self.variant} are limited to {self.attention_max_length} tokens "
+                             f"(every layer's weights are computed at once); got {n}: send a shorter text")
 
     def _pieces(self, ids, mask, layers) -> list[list[tuple]]:
         session = self._analysis_session()

@@ -82,7 +82,8 @@ def take_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, N, D); rows: (B, R) token indices -> (B, H, R, D)."""
+    """x: (B, H, N, D); rows: (B, R) token indices -> (B, H, R, D). For a few rows shared by
+    all heads (global tokens): unlike take_rows it never copies a non-contiguous x whole."""
     index = rows[:, None, :, None].expand(x.shape[0], x.shape[1], rows.shape[1], x.shape[3])
     return x.gather(2, index)
 

@@ -88,8 +88,7 @@ class LSHAttention(Attention):
         orders = []
         for rows, cols, _ in pieces:
             rows, cols = torch.as_tensor(rows), torch.as_tensor(cols)
-            width = rows.shape[-1]
-            k_order = cols[..., ::chunk, chunk : 2 * chunk].flatten(-2)[..., :width]
+            k_order = cols[..., ::chunk, chunk : 2 * chunk].flatten(-2)
             # Padding (bucket n_buckets) sorts last by position, so the first n entries of a
             # wider run's orders are the orders of a run n tokens wide.
             orders.append((rows[..., :n].long(), k_order[..., :n].long()))
