@@ -146,3 +146,25 @@ def test_lsh_orders_read_back_from_its_map():
     att.orders = lambda q_, k_, valid, round_: recovered[round_]
     replayed, _ = att(q[:, :, :n], k[:, :, :n], v[:, :, :n], key_valid[:, :n])
     assert torch.equal(replayed, out)
+
+
+@pytest.mark.parametrize("mode", ["random", "dense"])
+def test_synthesizer_is_softmax_of_its_factors_per_head(mode):
+    """Heads that share weights (random mode) run grouped, with their values side by side;
+    each head must still get softmax(A B^T) V over its own values, in a padded batch."""
+    att = attention("synthesizer", mode=mode)
+    if mode == "dense":  # W2 starts at 0 (uniform weights): give it something to show
+        with torch.no_grad():
+            att.right.normal_(generator=torch.Generator().manual_seed(4))
+    n = 300
+    q, k, v = inputs(2, n, seed=6)
+    key_valid = torch.ones(2, n, dtype=torch.bool)
+    key_valid[1, 170:] = False
+    out, _ = att(q, k, v, key_valid)
+    a, b = att.factors(q)
+    scores = (a @ b.transpose(-1, -2)).expand(2, HEADS, n, n).masked_fill(~key_valid[:, None, None, :], float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v
+    rows = key_valid[:, None, :, None]  # padding queries' rows are never read
+    assert ((out - expected) * rows).abs().max() <= 1e-5
+    shared = {"random": 1, "dense": HEADS}[mode]
+    assert att.right.shape == (shared, 4096, att.config.rank)
