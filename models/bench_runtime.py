@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from models.flops import count_flops, matmul_peak_flops
-from models.timing import median_seconds
+from models.timing import interleaved_medians
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 
@@ -129,9 +129,10 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             ids, mask = _inputs(batch, length)
             n_ids, n_mask = ids.numpy(), mask.numpy()
             reps = repeats if length < 8192 else long_repeats
-            with torch.no_grad():
-                eager = median_seconds(lambda: encoder(ids, mask), reps, warmup=False)
-            ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
+            calls = {"eager": lambda: encoder(ids, mask), "ort": lambda: runner.embed(n_ids, n_mask)}
+            with torch.no_grad():  # in rounds: a slow phase of the machine hits both alike
+                timed = interleaved_medians(calls, reps, warmup=False)
+            eager, ort_s = timed["eager"], timed["ort"]
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
             flops = count_flops(lambda: encoder(ids, mask))
@@ -186,12 +187,12 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     feeds = {"input_ids": ids, "attention_mask": mask}
     for s in (embedding, combined):
         s.run(None, feeds)
-    result = {
-        "variant": variant, "length": length,
-        "embedding_graph_ms": median_seconds(lambda: embedding.run(["sentence_embedding"], feeds), repeats, warmup=False) * 1e3,
-        "combined_graph_embedding_only_ms": median_seconds(lambda: combined.run(["sentence_embedding"], feeds), repeats, warmup=False) * 1e3,
-        "combined_graph_all_outputs_ms": median_seconds(lambda: combined.run(None, feeds), repeats, warmup=False) * 1e3,
-    }
+    timed = interleaved_medians({
+        "embedding_graph_ms": lambda: embedding.run(["sentence_embedding"], feeds),
+        "combined_graph_embedding_only_ms": lambda: combined.run(["sentence_embedding"], feeds),
+        "combined_graph_all_outputs_ms": lambda: combined.run(None, feeds),
+    }, repeats, warmup=False)
+    result = {"variant": variant, "length": length, **{key: seconds * 1e3 for key, seconds in timed.items()}}
     del embedding, combined
     shutil.rmtree(root, ignore_errors=True)
     log(f"output pruning, {variant} at {length} tokens: embedding graph {result['embedding_graph_ms']:.1f} ms; "

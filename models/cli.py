@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from models.registry import VARIANTS, parameters, variant_names
-from models.timing import median_seconds
+from models.timing import interleaved_medians
 
 HEADS, HEAD_DIM = 12, 32
 
@@ -34,22 +34,21 @@ def configure_bench_encoder(parser):
     parser.add_argument("--out", default="reports/bench-encoder", help="folder for the CSV and plot")
 
 
-def _op_seconds(name, n, repeats):
+def _op_call(name, n):
+    """One call of the variant's attention op on random q, k, v of n tokens."""
     from models.registry import build_attention, make_config
 
     attention = build_attention(make_config(name, 16384), HEADS, HEAD_DIM, 16384).eval()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(3))
     valid = torch.ones(1, n, dtype=torch.bool)
-    with torch.no_grad():
-        return median_seconds(lambda: attention(q, k, v, valid), repeats)
+    return lambda: attention(q, k, v, valid)
 
 
-def _encoder_seconds(encoder, n, repeats):
+def _encoder_call(encoder, n):
     ids = torch.randint(1000, 30000, (1, n), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    with torch.no_grad():
-        return median_seconds(lambda: encoder(ids, mask), repeats)
+    return lambda: encoder(ids, mask)
 
 
 def _hf_models():
@@ -62,13 +61,17 @@ def _hf_models():
     return {"longformer": longformer.eval(), "bigbird": bigbird.eval()}
 
 
-def _hf_seconds(model, name, n, repeats):
+def _hf_call(model, name, n):
     ids = torch.randint(1000, 30000, (1, n), generator=torch.Generator().manual_seed(0))
     kwargs = {"attention_mask": torch.ones_like(ids)}
     if name == "longformer":
         kwargs["global_attention_mask"] = torch.zeros_like(ids).index_fill(1, torch.tensor([0]), 1)
+    return lambda: model(ids, **kwargs)
+
+
+def _timed(calls: dict, repeats: int) -> dict:
     with torch.no_grad():
-        return median_seconds(lambda: model(ids, **kwargs), repeats)
+        return interleaved_medians(calls, repeats)
 
 
 def bench_encoder(args) -> int:
@@ -86,7 +89,10 @@ def bench_encoder(args) -> int:
     print("\n## Attention op alone (q, k, v: 12 heads x 32 dims): speed-up over full (scaled_dot_product_attention)")
     print("| variant | " + " | ".join(f"{n} tokens" for n in op_lengths) + " |")
     print("|---|" + "---|" * len(op_lengths))
-    op = {(name, n): _op_seconds(name, n, args.op_repeats) for n in op_lengths for name in names}
+    # Every table times its variants in rounds (interleaved_medians): ratios from one run.
+    op = {}
+    for n in op_lengths:
+        op.update({(name, n): t for name, t in _timed({name: _op_call(name, n) for name in names}, args.op_repeats).items()})
     for name in names:
         cells = [f"{op[('full', n)] / op[(name, n)]:.2f}x" for n in op_lengths]
         print(f"| {name} | " + " | ".join(cells) + " |")
@@ -96,11 +102,12 @@ def bench_encoder(args) -> int:
     print("| variant | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
     seconds, memory = {}, {}
+    encoders = {name: load_encoder(name, max_length=max(lengths)) for name in names}
+    for n in lengths:
+        calls = {name: _encoder_call(encoder, n) for name, encoder in encoders.items()}
+        seconds.update({(name, n): t for name, t in _timed(calls, args.repeats if n < 16384 else 1).items()})
+    del encoders, calls
     for name in names:
-        encoder = load_encoder(name, max_length=max(lengths))
-        for n in lengths:
-            seconds[(name, n)] = _encoder_seconds(encoder, n, args.repeats if n < 16384 else 1)
-        del encoder
         memory.update({(name, n): b for n, b in measure(name, lengths, max(lengths)).items()})
     for name in names:
         cells = [f"{seconds[('full', n)] / seconds[(name, n)]:.2f}x / {memory[(name, n)] / max(memory[('full', n)], 1):.2f}" for n in lengths]
@@ -114,8 +121,9 @@ def bench_encoder(args) -> int:
         print("| model | transformers | attnserve | speed-up |")
         print("|---|---|---|---|")
         for name, model in _hf_models().items():
-            theirs = _hf_seconds(model, name, n, args.repeats)
-            ours = _encoder_seconds(load_encoder(name, max_length=max(n, 4096)), n, args.repeats)
+            calls = {"theirs": _hf_call(model, name, n), "ours": _encoder_call(load_encoder(name, max_length=max(n, 4096)), n)}
+            timed = _timed(calls, args.repeats)
+            theirs, ours = timed["theirs"], timed["ours"]
             print(f"| {name} | {theirs:.3f} s | {ours:.3f} s | {theirs / ours:.2f}x |")
             rows += [("transformers", name, n, theirs, ""), ("attnserve", name, n, ours, "")]
 

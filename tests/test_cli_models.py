@@ -52,3 +52,23 @@ def test_bench_runtime_prints_ratios_and_ceilings(tmp_path):
     assert [r["length"] for r in rows] == [64, 130]
     for row in rows:
         assert row["max_abs_diff"] <= 1e-4 and row["gflop"] > 0 and row["ceiling"] > 0 and row["speedup"] > 0
+
+
+def test_bench_encoder_writes_every_table(tmp_path):
+    """A smoke run of `attnserve bench encoder` at small sizes (no timing is asserted): every
+    variant asked for gets a row in each table and in the CSV, full included."""
+    import csv
+
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "bench", "encoder", "--variants", "local,synthesizer", "--op-lengths", "256",
+         "--lengths", "130", "--repeats", "1", "--op-repeats", "2", "--hf-length", "256", "--out", str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=600,
+    ).stdout
+    assert "## Attention op alone" in out and "## Whole encoder forward" in out and "| bigbird |" in out
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    cells = {(r["table"], r["variant"], r["tokens"]) for r in rows}
+    for name in ("full", "local", "synthesizer"):
+        assert ("op", name, "256") in cells and ("encoder", name, "130") in cells
+    assert {("transformers", "longformer", "256"), ("attnserve", "bigbird", "256")} <= cells
+    assert all(float(r["seconds"]) > 0 for r in rows)
+    assert (tmp_path / "encoder-latency.png").stat().st_size > 0
