@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from models.flops import count_flops, matmul_peak_flops
-from models.timing import interleaved_medians
+from models.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 
@@ -129,10 +129,11 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             ids, mask = _inputs(batch, length)
             n_ids, n_mask = ids.numpy(), mask.numpy()
             reps = repeats if length < 8192 else long_repeats
-            calls = {"eager": lambda: encoder(ids, mask), "ort": lambda: runner.embed(n_ids, n_mask)}
-            with torch.no_grad():  # in rounds: a slow phase of the machine hits both alike
-                timed = interleaved_medians(calls, reps, warmup=False)
-            eager, ort_s = timed["eager"], timed["ort"]
+            # One after the other, not in rounds: ONNX Runtime's threads spin for a while after
+            # each run and slow an eager call that follows (full at 512 tokens: 130 ms, not 87).
+            with torch.no_grad():
+                eager = median_seconds(lambda: encoder(ids, mask), reps, warmup=False)
+            ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
             flops = count_flops(lambda: encoder(ids, mask))
