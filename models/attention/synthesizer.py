@@ -41,8 +41,9 @@ from models.registry import register_attention
 
 # Values per fused-kernel call when heads share their weights (mode "random"). Two heads
 # (64) rather than all twelve (384): at 4,096 tokens one 384-wide call is 1.4x faster than
-# full in PyTorch, but ONNX Runtime's CPU attention leaves its fast path above 64 (2x slower
-# at 128 and 384) and CUDA's flash kernels stop at 256. 64 is faster than per-head in both.
+# full in PyTorch, but ONNX Runtime's CPU attention leaves its fast path above 64 (1.6x to
+# 1.7x slower at 128 and 384) and CUDA's flash kernels stop at 256. 64 beats per-head
+# calls in both runtimes.
 SHARED_VALUE_WIDTH = 64
 
 
