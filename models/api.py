@@ -1,17 +1,30 @@
 """The public API: `load_encoder` and the Encoder it returns."""
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import torch
 
 from models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
 from models.pretrained import load_bert_weights, load_tokenizer
 from models.registry import make_config
 from models.sparse import to_sparse
+from service.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
 # alone, short ones many at a time.
 BATCH_TOKENS = 16384
 BATCH_TEXTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkEmbedding:
+    """One late chunk: characters [start, end) of its text and the chunk's vector."""
+
+    start: int
+    end: int
+    embedding: torch.Tensor
 
 
 class Encoder(LongContextEncoder):
@@ -30,23 +43,72 @@ class Encoder(LongContextEncoder):
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     @torch.no_grad()
-    def embed(self, texts: list[str]) -> torch.Tensor:
-        """(n, hidden) L2-normalised mean-pooled embeddings, as sentence-transformers computes
-        them. A text longer than max_length tokens is cut to its first max_length tokens; an
-        empty text gets the embedding of the empty document ([CLS] [SEP])."""
+    def embed(self, texts: list[str], pooling: Pooling | None = None) -> torch.Tensor:
+        """(n, hidden) L2-normalised embeddings, mean-pooled as sentence-transformers computes
+        them unless `pooling` says otherwise (see service.pooling.Pooling). A text longer than
+        max_length tokens is cut to its first max_length tokens; an empty text gets the
+        embedding of the empty document ([CLS] [SEP])."""
         ids = self.tokenize(texts)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = torch.empty(len(ids), self.shape.hidden_size)
+        if pooling is None or pooling.mode == "mean":
+            for batch in self._batches(ids):
+                input_ids, mask = pad_batch([ids[i] for i in batch])
+                out[batch] = self(input_ids, mask)[0]
+            return out
+        for i, hidden in enumerate(self._hidden_states(ids)):
+            out[i] = torch.from_numpy(pooling(hidden))
+        return out
+
+    @torch.no_grad()
+    def hidden_states(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's last hidden states, (n_tokens, hidden) float32, [CLS] and [SEP] included
+        (TEI's /embed_all); texts longer than max_length are cut."""
+        return self._hidden_states(self.tokenize(texts))
+
+    @torch.no_grad()
+    def embed_chunks(self, texts: list[str], chunk_tokens: int = 256, overlap_tokens: int = 0,
+                     spans: list[list[tuple[int, int]]] | None = None, normalize: bool = True) -> list[list[ChunkEmbedding]]:
+        """Late chunking: one forward per document, then each chunk's vector is the mean of its
+        tokens' last hidden states (L2-normalised unless normalize is False). Chunks hold
+        chunk_tokens document tokens, consecutive ones sharing overlap_tokens; with `spans`
+        (one list of (start_char, end_char) per text) the chunks are those spans instead.
+        Each ChunkEmbedding's start/end slice the text; a document that fits in one chunk gets
+        its `embed` vector. Texts longer than max_length tokens are cut."""
+        texts = list(texts)
+        if spans is not None and len(spans) != len(texts):
+            raise ValueError(f"spans must hold one list per text ({len(texts)} texts, {len(spans)} span lists)")
+        encodings = self.tokenizer.encode_batch(texts)
+        hidden = self._hidden_states([e.ids for e in encodings])
+        out = []
+        for i, (text, encoding) in enumerate(zip(texts, encodings)):
+            truncated = bool(encoding.overflowing)
+            if spans is None:
+                bounds = token_chunks(encoding.offsets, len(text), chunk_tokens, overlap_tokens, truncated)
+            else:
+                bounds = span_chunks(encoding.offsets, check_spans(spans[i], len(text)), truncated)
+            vectors = torch.from_numpy(pool_chunks(hidden[i], bounds, normalize))
+            out.append([ChunkEmbedding(b.start, b.end, v) for b, v in zip(bounds, vectors)])
+        return out
+
+    def _batches(self, ids: list[list[int]]):
+        """Index lists of at most BATCH_TEXTS texts and BATCH_TOKENS padded tokens, shortest
+        texts first (sorted by length, so the last text of a batch sets its padded width)."""
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         start = 0
         while start < len(order):
             stop = start + 1
-            # Sorted by length, so the last text in a batch sets its padded width.
             while stop < len(order) and stop - start < BATCH_TEXTS and (stop - start + 1) * len(ids[order[stop]]) <= BATCH_TOKENS:
                 stop += 1
-            batch = order[start:stop]
-            input_ids, mask = pad_batch([ids[i] for i in batch])
-            out[batch] = self(input_ids, mask)[0]
+            yield order[start:stop]
             start = stop
+
+    def _hidden_states(self, ids: list[list[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
+        for batch in self._batches(ids):
+            input_ids, mask = pad_batch([ids[i] for i in batch])
+            last = self(input_ids, mask)[1]
+            for row, i in enumerate(batch):
+                out[i] = last[row, : len(ids[i])].numpy()
         return out
 
     @torch.no_grad()

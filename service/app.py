@@ -13,8 +13,9 @@ from fastapi import FastAPI
 from service.batching import TokenBudgetBatcher, default_batch_tokens
 from service.errors import install_error_handlers
 from service.metrics import ServiceMetrics
+from service.pooling import Pooling
 from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
-from service.routes import attention, embed, meta, openai
+from service.routes import attention, chunks, embed, meta, openai
 from service.settings import VERSION, Settings
 from service.state import ServiceState
 from service.tokenizer import TextTokenizer
@@ -70,13 +71,14 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
             metrics=metrics,
             max_length=max_length,
             tokenization_pool=pool,
+            pooling=Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
         )
         # One tiny batch before the first request, so it does not pay ONNX Runtime's first-run setup.
         tokenizer = app.state.service.tokenizer
         warm_ids = np.array([[tokenizer.cls_id, tokenizer.sep_id]], dtype=np.int64)
         await asyncio.to_thread(runner.embed, warm_ids, np.ones_like(warm_ids))
         await batcher.start()
-        log.info("serving %s (max_length %d) on %s", variant, max_length, getattr(runner, "provider", "?"))
+        log.info("serving %s (max_length %d, %s pooling) on %s", variant, max_length, settings.pooling, getattr(runner, "provider", "?"))
         try:
             yield
         finally:
@@ -91,7 +93,7 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
         lifespan=lifespan,
     )
     app.state.service = None
-    for module in (embed, openai, attention, meta):
+    for module in (embed, chunks, openai, attention, meta):
         app.include_router(module.router)
     install_error_handlers(app)
     # Added innermost first: timing wraps everything, so refused requests get headers too.

@@ -16,6 +16,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from typing import Any, Callable
+
 import numpy as np
 
 # How far past the oldest waiting input the packer looks for inputs that fit the budget.
@@ -55,7 +57,9 @@ class _Job:
     future: asyncio.Future
     enqueued: float
     attention: tuple[int, int | None] | None = None  # (layer, head) for an attention map
-    pooled: bool = False  # the mean-pooled hidden state, not normalised (TEI's normalize=false)
+    # From the input's last hidden states (n, hidden) to its answer, run in the inference
+    # thread (pooling modes, late chunks, token vectors); None: the graph's sentence embedding.
+    reduce: Callable[[np.ndarray], Any] | None = None
 
 
 @dataclass
@@ -99,13 +103,22 @@ class TokenBudgetBatcher:
             self.in_flight -= 1
 
     # -- work ------------------------------------------------------------------------------
-    async def embed(self, inputs: list[list[int]], timings: Timings, normalized: bool = True) -> np.ndarray:
-        """(len(inputs), hidden) float32 embeddings, in input order: the model's L2-normalised
-        sentence embeddings, or with normalized=False the mean-pooled last hidden states."""
-        jobs = [self._enqueue(ids, pooled=not normalized) for ids in inputs]
+    async def embed(self, inputs: list[list[int]], timings: Timings) -> np.ndarray:
+        """(len(inputs), hidden) float32: the model's L2-normalised mean-pooled sentence
+        embeddings, in input order."""
+        jobs = [self._enqueue(ids) for ids in inputs]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
         return np.stack([r[0] for r in results]).astype(np.float32, copy=False)
+
+    async def reduce(self, inputs: list[list[int]], reducers: list[Callable[[np.ndarray], Any]], timings: Timings) -> list:
+        """reducers[i](last hidden states of input i, (n_i, hidden) float32) for every input,
+        in input order; the inputs are batched like embed()'s and the reducers run in the
+        inference thread."""
+        jobs = [self._enqueue(ids, reduce=reduce) for ids, reduce in zip(inputs, reducers)]
+        results = await asyncio.gather(*(job.future for job in jobs))
+        self._account(jobs, [r[1] for r in results], timings)
+        return [r[0] for r in results]
 
     async def attention(self, ids: list[int], layer: int, head: int | None, timings: Timings):
         """((rows, cols, values), rank_collapse) for one input."""
@@ -121,8 +134,8 @@ class TokenBudgetBatcher:
         timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
         timings.batch_sizes.extend(b.size for b in batches)
 
-    def _enqueue(self, ids: list[int], attention=None, pooled: bool = False) -> _Job:
-        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), attention, pooled)
+    def _enqueue(self, ids: list[int], attention=None, reduce=None) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), attention, reduce)
         self._queue.append(job)
         self._on_queue_change(len(self._queue))
         self._wakeup.set()
@@ -182,7 +195,7 @@ class TokenBudgetBatcher:
             job = self._queue.popleft()
             looked += 1
             new_width = max(width, len(job.ids))
-            same_kind = job.attention is None and job.pooled == first.pooled
+            same_kind = job.attention is None and (job.reduce is None) == (first.reduce is None)
             if same_kind and not job.future.done() and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
                 batch.append(job)
                 width = new_width
@@ -204,10 +217,9 @@ class TokenBudgetBatcher:
             ratios = self.runner.rank_collapse(ids, mask)
             return [(coo, [float(r) for r in ratios])]
         ids, mask = pad([job.ids for job in batch])
-        if batch[0].pooled:
-            hidden = self.runner.hidden_states(ids, mask)[:, : ids.shape[1]]
-            weights = mask[:, :, None].astype(np.float32)
-            return list((hidden * weights).sum(axis=1) / weights.sum(axis=1))
+        if batch[0].reduce is not None:
+            hidden = self.runner.hidden_states(ids, mask)
+            return [job.reduce(hidden[row, : len(job.ids)]) for row, job in enumerate(batch)]
         return list(self.runner.embed(ids, mask))
 
 

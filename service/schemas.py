@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 def _check_text(text: str) -> str:
@@ -36,6 +36,61 @@ class EmbedRequest(_Strict):
     inputs: TextOrTexts
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413")
     normalize: bool = Field(True, description="L2-normalised embeddings; false returns the mean-pooled hidden states as they are")
+
+
+Span = Annotated[list[int], Field(min_length=2, max_length=2, description="[start_char, end_char): Python string indices (Unicode code points)")]
+
+
+class EmbedChunksRequest(_Strict):
+    inputs: TextOrTexts
+    chunk_tokens: int = Field(256, ge=1, description="document tokens per chunk ([CLS] and [SEP] join the first and last chunk)")
+    overlap_tokens: int = Field(0, ge=0, description="tokens each chunk shares with the one before; less than chunk_tokens")
+    spans: list[Span] | list[list[Span]] | None = Field(
+        None,
+        description="your own chunk boundaries instead of chunk_tokens: [[start_char, end_char], ...] for one input, "
+        "one such list per input for a list; in order, not overlapping, each holding at least one token",
+    )
+    truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413; chunks then cover the kept part")
+    normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError(f"overlap_tokens ({self.overlap_tokens}) must be less than chunk_tokens ({self.chunk_tokens})")
+        if self.spans is not None:
+            one_text = isinstance(self.inputs, str)
+            nested = bool(self.spans) and isinstance(self.spans[0][0], list)
+            if one_text and nested:
+                raise ValueError("inputs is one text, so spans is one list of [start_char, end_char] pairs")
+            if not one_text and (not nested or len(self.spans) != len(self.inputs)):
+                raise ValueError(f"inputs is a list of {len(self.inputs)} texts, so spans is a list of {len(self.inputs)} lists of "
+                                 "[start_char, end_char] pairs, one per text")
+        return self
+
+    def texts_and_spans(self) -> tuple[list[str], list | None]:
+        """The inputs as a list, and one span list per input (None: fixed-size chunks)."""
+        if isinstance(self.inputs, str):
+            return [self.inputs], None if self.spans is None else [self.spans]
+        return self.inputs, self.spans
+
+
+class ChunkEmbedding(BaseModel):
+    start: int = Field(description="first character of the chunk in its input")
+    end: int = Field(description="one past its last character: input[start:end] is the chunk's text")
+    embedding: list[float]
+
+
+class EmbedAllRequest(_Strict):
+    inputs: TextOrTexts
+    truncate: bool = False
+
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class DecodeRequest(_Strict):
+    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    skip_special_tokens: bool = True
 
 
 class TokenizeRequest(_Strict):
@@ -127,11 +182,18 @@ class BatchingLimits(BaseModel):
     max_body_bytes: int
 
 
+class PoolingInfo(BaseModel):
+    mode: Literal["mean", "cls", "opening"]
+    opening_weight: float | None = Field(None, description="pooling=opening only")
+    opening_tokens: int | None = Field(None, description="pooling=opening only")
+
+
 class InfoResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model_name: str
     variant: str
     parameters: dict
+    pooling: PoolingInfo
     max_length: int
     hidden_size: int
     num_layers: int

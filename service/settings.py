@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per (variant, params, max_length)")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (default attnserve-<variant served>)")
+    pooling: Literal["mean", "cls", "opening"] = Field("mean", description="token vectors -> one vector: mean of all tokens, the [CLS] token, or opening (a mix of the first opening_tokens' mean and the whole mean)")
+    opening_weight: float = Field(0.5, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
+    opening_tokens: int = Field(256, ge=1, description="pooling=opening: tokens the opening holds, [CLS] included")
 
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
@@ -47,6 +50,7 @@ class Settings(BaseSettings):
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body in bytes; larger get 413")
     max_attention_entries: int = Field(2_000_000, ge=1, description="largest sparse attention answer (non-zeros); ask for top_k or grid beyond it")
+    max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
     @field_validator("models_dir", "export_dir")

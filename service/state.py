@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 from fastapi import Request
 
 from service.batching import Overloaded, Timings, TokenBudgetBatcher
 from service.errors import ServiceError
 from service.metrics import ServiceMetrics
+from service.pooling import Pooling
 from service.settings import Settings
 from service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 
@@ -25,6 +28,7 @@ class ServiceState:
     metrics: ServiceMetrics
     max_length: int
     tokenization_pool: ThreadPoolExecutor = field(repr=False, default=None)
+    pooling: Pooling = field(default_factory=Pooling)
 
     @property
     def manifest(self) -> dict:
@@ -88,10 +92,23 @@ def get_timings(request: Request) -> Timings:
     return timings
 
 
-async def run_embed(service: ServiceState, inputs: list[list[int]], timings: Timings, param: str, normalized: bool = True):
-    """Embeddings from the batcher, its failures as ServiceErrors."""
+async def run_embed(service: ServiceState, inputs: list[list[int]], timings: Timings, param: str, normalize: bool = True):
+    """(len(inputs), hidden) float32 vectors pooled as the deployment's pooling says, from the
+    batcher; its failures as ServiceErrors. Mean pooling, normalised, is the graph's own output."""
+    if service.pooling.mode == "mean" and normalize:
+        return await _run(service.batcher.embed(inputs, timings), param)
+    reduce = functools.partial(service.pooling, normalize=normalize)
+    return np.stack(await run_reduce(service, inputs, [reduce] * len(inputs), timings, param))
+
+
+async def run_reduce(service: ServiceState, inputs: list[list[int]], reducers, timings: Timings, param: str) -> list:
+    """reducers[i](input i's last hidden states) for every input, through the batcher."""
+    return await _run(service.batcher.reduce(inputs, reducers, timings), param)
+
+
+async def _run(work, param: str):
     try:
-        return await service.batcher.embed(inputs, timings, normalized)
+        return await work
     except ValueError as exc:  # the runner refuses what it cannot run (too long for the export)
         raise ServiceError(413, str(exc), "too_long", param) from None
 

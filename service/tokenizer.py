@@ -66,6 +66,10 @@ class TextTokenizer:
             out.append(Tokenized(ids, tokens, offsets, special, n))
         return out
 
+    def decode(self, batches: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Text of each id list (ids checked against the vocabulary by the caller)."""
+        return self._tokenizer.decode_batch(batches, skip_special_tokens=skip_special_tokens)
+
     def from_ids(self, batches: list[list[int]], truncate: bool = False) -> list[Tokenized]:
         """Inputs already tokenized (OpenAI's token-array form): wrap each in [CLS] ... [SEP]
         unless it already is, and check the ids and the length."""

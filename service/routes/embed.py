@@ -1,21 +1,19 @@
 """POST /embed and POST /tokenize, as text-embeddings-inference has them."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from service.batching import Timings
+from service.errors import ServiceError
 from service.routes import TEI_ERRORS
-from service.schemas import EmbedRequest, SimpleToken, TokenizeRequest
-from service.state import ServiceState, admitted, get_service, get_timings, run_embed
+from service.schemas import DecodeRequest, EmbedAllRequest, EmbedRequest, SimpleToken, TokenizeRequest
+from service.state import ServiceState, admitted, get_service, get_timings, run_embed, run_reduce
 
 router = APIRouter(tags=["text-embeddings-inference"])
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
 
 
 @router.post("/embed", response_model=list[list[float]], responses=TEI_ERRORS)
@@ -26,8 +24,44 @@ async def embed(body: EmbedRequest, service: ServiceState = Depends(get_service)
     with admitted(service):
         tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
         timings.input_tokens = [len(t) for t in tokenized]
-        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalized=body.normalize)
+        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
     return JSONResponse(vectors.tolist())
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]], responses=TEI_ERRORS)
+async def embed_all(body: EmbedAllRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
+    """Every token's last hidden state ([CLS] and [SEP] included), not normalised, per input."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    service.check_input_count(len(texts), "inputs")
+    with admitted(service):
+        tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
+        timings.input_tokens = [len(t) for t in tokenized]
+        total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
+        if total > limit:
+            raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "
+                               "ATTNSERVE_MAX_TOKEN_VECTORS); send fewer or shorter inputs, or use /embed_chunks", "too_long", "inputs")
+        states = await run_reduce(service, [t.ids for t in tokenized], [_json_array] * len(tokenized), timings, "inputs")
+    return Response(b"[" + b",".join(states) + b"]", media_type="application/json")
+
+
+def _json_array(hidden: np.ndarray) -> bytes:
+    """One input's token vectors as JSON, written in the inference thread (a 16K-token answer
+    takes seconds to serialise, which the event loop must not spend)."""
+    return json.dumps(hidden.tolist(), separators=(",", ":")).encode()
+
+
+@router.post("/decode", response_model=list[str], responses=TEI_ERRORS)
+async def decode(body: DecodeRequest, service: ServiceState = Depends(get_service)):
+    """Token ids back to text, one string per id list."""
+    batches = [body.ids] if isinstance(body.ids[0], int) else body.ids
+    service.check_input_count(len(batches), "ids")
+    vocab = service.tokenizer.vocab_size
+    for index, ids in enumerate(batches):
+        bad = next((i for i in ids if i >= vocab), None)
+        if bad is not None:
+            where = f"list {index} " if len(batches) > 1 else ""
+            raise ServiceError(422, f"ids: {where}has token id {bad}, outside the vocabulary 0..{vocab - 1}", "validation", "ids")
+    return JSONResponse(service.tokenizer.decode(batches, body.skip_special_tokens))
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=TEI_ERRORS)

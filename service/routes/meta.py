@@ -5,7 +5,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from service.routes import TEI_ERRORS
-from service.schemas import BatchingLimits, HealthResponse, InfoResponse
+from service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
 from service.settings import VERSION
 from service.state import ServiceState, get_service
 
@@ -27,6 +27,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         model_name=service.model_name,
         variant=service.variant,
         parameters=manifest.get("parameters", manifest.get("params", s.params)) or {},
+        pooling=_pooling_info(service.pooling),
         max_length=service.max_length,
         hidden_size=service.hidden_size,
         num_layers=service.num_layers,
@@ -42,6 +43,12 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         ),
         version=VERSION,
     )
+
+
+def _pooling_info(pooling) -> PoolingInfo:
+    if pooling.mode != "opening":
+        return PoolingInfo(mode=pooling.mode)
+    return PoolingInfo(mode=pooling.mode, opening_weight=pooling.opening_weight, opening_tokens=pooling.opening_tokens)
 
 
 @router.get("/health", response_model=HealthResponse, responses={503: TEI_ERRORS[422] | {"description": "not ready"}})

@@ -8,8 +8,8 @@ from fastapi.responses import JSONResponse
 
 from service.batching import Timings
 from service.errors import ServiceError
+from service.pooling import l2_normalize
 from service.routes import OPENAI_ERRORS
-from service.routes.embed import l2_normalize
 from service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from service.state import ServiceState, admitted, get_service, get_timings, run_embed
 

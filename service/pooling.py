@@ -1,0 +1,166 @@
+"""From token vectors to document and chunk vectors: pooling modes and late chunking.
+
+numpy only (no torch), so the service and the PyTorch API (`models.api.Encoder`) pool with the
+same code. Every function takes one document's last hidden states `hidden` (n, d), [CLS] at 0
+and [SEP] at n - 1, padding already removed.
+
+Late chunking (Günther et al. 2024): the document runs through the encoder once, then each
+chunk's vector is the mean of its tokens' hidden states, so every chunk vector has seen the
+whole document. Chunks are runs of document tokens (`chunk_tokens` each, consecutive chunks
+sharing `overlap_tokens`) or the caller's own character spans; [CLS] belongs to the chunk that
+holds the first document token and [SEP] to the one that holds the last, so a document that fits
+in one chunk gets exactly its mean-pooled vector.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+POOLING_MODES = ("mean", "cls", "opening")
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How a deployment turns token vectors into one vector.
+
+    mean: mean of every token (what all-MiniLM-L6-v2 was trained with); cls: the [CLS] token's
+    vector; opening: opening_weight * mean of the first opening_tokens tokens + (1 -
+    opening_weight) * mean of all, each L2-normalised first (a document's opening often says
+    what it is about, the rest holds its details).
+    """
+
+    mode: str = "mean"
+    opening_weight: float = 0.5
+    opening_tokens: int = 256
+
+    def __post_init__(self):
+        if self.mode not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)} (got {self.mode!r})")
+        if not 0.0 <= self.opening_weight <= 1.0:
+            raise ValueError(f"opening_weight must be in 0..1 (got {self.opening_weight})")
+        if self.opening_tokens < 1:
+            raise ValueError(f"opening_tokens must be >= 1 (got {self.opening_tokens})")
+
+    def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
+        """(d,) vector of one document."""
+        if self.mode == "cls":
+            vector = hidden[0]
+        elif self.mode == "opening":
+            head = l2_normalize(hidden[: self.opening_tokens].mean(0))
+            vector = self.opening_weight * head + (1.0 - self.opening_weight) * l2_normalize(hidden.mean(0))
+        else:
+            vector = hidden.mean(0)
+        vector = vector.astype(np.float32, copy=False)
+        return l2_normalize(vector) if normalize else vector
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Unit length along the last axis (zero vectors stay zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+@dataclass(frozen=True)
+class ChunkBounds:
+    """One chunk of a tokenized document: tokens [first, stop) of its id list (special tokens
+    included where they belong) and characters [start, end) of its text."""
+
+    first: int
+    stop: int
+    start: int
+    end: int
+
+
+class BadSpans(ValueError):
+    """Spans that cannot be chunk boundaries; the message says which and why."""
+
+
+def check_spans(spans: Sequence[Sequence[int]], text_length: int) -> list[tuple[int, int]]:
+    """Spans as (start, end) pairs: each 0 <= start < end <= text_length, in order, none
+    overlapping the one before. Raises BadSpans naming the first bad one."""
+    out: list[tuple[int, int]] = []
+    for index, span in enumerate(spans):
+        if len(span) != 2:
+            raise BadSpans(f"span {index} has {len(span)} numbers; send [start_char, end_char]")
+        start, end = int(span[0]), int(span[1])
+        if not 0 <= start < end <= text_length:
+            raise BadSpans(f"span {index} [{start}, {end}) is empty or outside the text's {text_length} characters; "
+                           "send 0 <= start < end <= len(text)")
+        if out and start < out[-1][1]:
+            raise BadSpans(f"span {index} [{start}, {end}) overlaps or precedes span {index - 1} {list(out[-1])}; "
+                           "send spans in order, without overlap")
+        out.append((start, end))
+    if not out:
+        raise BadSpans("spans is empty; send at least one [start_char, end_char] or null")
+    return out
+
+
+def token_chunks(offsets: Sequence[tuple[int, int]], text_length: int, chunk_tokens: int, overlap_tokens: int = 0,
+                 truncated: bool = False) -> list[ChunkBounds]:
+    """Fixed-size chunks of a document tokenized with [CLS] ... [SEP] (offsets per token, the
+    specials' ignored): runs of chunk_tokens document tokens starting every chunk_tokens -
+    overlap_tokens tokens. Character ranges cover the text in order, from 0 to its end (to the
+    last kept token's end when the document was truncated): without overlap each chunk ends
+    where the next one starts."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1 (got {chunk_tokens})")
+    if not 0 <= overlap_tokens < chunk_tokens:
+        raise ValueError(f"overlap_tokens must be in 0..chunk_tokens - 1 = {chunk_tokens - 1} (got {overlap_tokens})")
+    n = len(offsets)
+    content = n - 2  # document tokens between [CLS] and [SEP]
+    text_end = offsets[n - 2][1] if truncated and content > 0 else text_length
+    if content <= 0:
+        return [ChunkBounds(0, n, 0, text_end)]
+    step = chunk_tokens - overlap_tokens
+    starts = list(range(0, max(content - overlap_tokens, 1), step))
+    chunks = []
+    for i, s in enumerate(starts):
+        e = min(s + chunk_tokens, content)
+        last = i == len(starts) - 1
+        first_token, stop_token = 1 + s, 1 + e
+        start = 0 if i == 0 else offsets[first_token][0]
+        if last:
+            end = text_end
+        elif overlap_tokens == 0:
+            end = offsets[1 + starts[i + 1]][0]
+        else:
+            end = offsets[stop_token - 1][1]
+        chunks.append(ChunkBounds(0 if i == 0 else first_token, n if last else stop_token, start, end))
+    return chunks
+
+
+def span_chunks(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], truncated: bool = False) -> list[ChunkBounds]:
+    """Chunks at the caller's character spans (checked by check_spans): a document token
+    belongs to the span its first character falls in. Raises BadSpans for a span that holds
+    no token, unless the document was truncated before it (those spans are left out)."""
+    n = len(offsets)
+    token_starts = np.array([offsets[i][0] for i in range(1, n - 1)], dtype=np.int64)
+    chunks = []
+    for index, (start, end) in enumerate(spans):
+        lo = int(np.searchsorted(token_starts, start, side="left"))
+        hi = int(np.searchsorted(token_starts, end, side="left"))
+        if hi <= lo:
+            if truncated and lo >= len(token_starts):
+                break  # past the truncation point
+            raise BadSpans(f"span {index} [{start}, {end}) holds no token (only whitespace or control characters?); "
+                           "merge it with a neighbour or leave it out")
+        first, stop = 1 + lo, 1 + hi
+        chunks.append(ChunkBounds(first, stop, start, end))
+    if chunks:
+        if chunks[0].first == 1:
+            chunks[0] = ChunkBounds(0, chunks[0].stop, chunks[0].start, chunks[0].end)
+        if chunks[-1].stop == n - 1:
+            chunks[-1] = ChunkBounds(chunks[-1].first, n, chunks[-1].start, chunks[-1].end)
+    return chunks
+
+
+def pool_chunks(hidden: np.ndarray, chunks: Sequence[ChunkBounds], normalize: bool = True) -> np.ndarray:
+    """(len(chunks), d): the mean hidden state of each chunk's tokens, L2-normalised unless
+    normalize is False."""
+    cumulative = np.concatenate([np.zeros((1, hidden.shape[1]), dtype=np.float64), np.cumsum(hidden, axis=0, dtype=np.float64)])
+    firsts = np.array([c.first for c in chunks])
+    stops = np.array([c.stop for c in chunks])
+    means = ((cumulative[stops] - cumulative[firsts]) / (stops - firsts)[:, None]).astype(np.float32)
+    return l2_normalize(means) if normalize else means
