@@ -7,12 +7,13 @@ file never knows which variant it runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention.base import AttentionConfig
+from models.attention.base import POSITION_SCHEMES, AttentionConfig
 from models.registry import build_attention
 
 
@@ -28,25 +29,91 @@ class BertShape:
     layer_norm_eps: float = 1e-12
 
 
+def document_lengths(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) int64: each document's number of real tokens (all of them without a mask)."""
+    if attention_mask is None:
+        return torch.full(input_ids.shape[:1], input_ids.shape[1], dtype=torch.long, device=input_ids.device)
+    return attention_mask.to(torch.long).sum(1)
+
+
+# Positions past the learned table, as LongEmbed (Zhu et al. 2024) arranges them. Each scheme
+# maps token indices (1, N) of documents with `lengths` real tokens (B,) onto a table of
+# `rows` rows: an integer tensor picks rows, a floating one is interpolated between them.
+# Grouped and interpolated stretch the table over each document by s = ceil(n / rows), from
+# the document's own length (LongEmbed's code takes the batch's padded width), so a document
+# gets the same positions alone and in a padded batch. Padding tokens are clamped onto the
+# last row; nothing reads them.
+
+
+def recurrent_positions(index, lengths, rows: int, period: int):
+    """Row i mod period: the table tiled (period 512) or restarted every period tokens."""
+    return index % period
+
+
+def group_size(lengths, rows: int):
+    """(B, 1) int64: s = max(1, ceil(n / rows)), the tokens sharing one row."""
+    return torch.div(lengths + (rows - 1), rows, rounding_mode="floor").clamp(min=1)[:, None]
+
+
+def grouped_positions(index, lengths, rows: int, period: int):
+    """Row floor(i / s): s neighbouring tokens share a position."""
+    return torch.div(index, group_size(lengths, rows), rounding_mode="floor").clamp(max=rows - 1)
+
+
+def interpolated_positions(index, lengths, rows: int, period: int):
+    """Fractional position i / s, read between its two neighbouring rows."""
+    return (index.to(torch.float32) / group_size(lengths, rows).to(torch.float32)).clamp(max=rows - 1)
+
+
+POSITIONS = {"recurrent": recurrent_positions, "grouped": grouped_positions, "interpolated": interpolated_positions}
+assert tuple(POSITIONS) == POSITION_SCHEMES, "every position scheme the config accepts has a definition here"
+
+
+def look_up(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rows of `table` (rows, d) at `positions` (..., N): integer positions pick rows, fractional
+    ones are linear interpolation between the rows either side (exactly the row at an integer)."""
+    if not positions.is_floating_point():
+        return F.embedding(positions, table)
+    low = positions.floor()
+    below = F.embedding(low.to(torch.long), table)
+    above = F.embedding((low.to(torch.long) + 1).clamp(max=table.shape[0] - 1), table)
+    return below + (positions - low)[..., None] * (above - below)
+
+
 class Embeddings(nn.Module):
-    def __init__(self, shape: BertShape, position_period: int):
+    def __init__(self, shape: BertShape, config: AttentionConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(shape.vocab_size, shape.hidden_size)
         self.position_embeddings = nn.Embedding(shape.max_positions, shape.hidden_size)
         self.token_type_embeddings = nn.Embedding(shape.type_vocab_size, shape.hidden_size)
         self.LayerNorm = nn.LayerNorm(shape.hidden_size, eps=shape.layer_norm_eps)
-        # Past the 512 learned positions the table is reused: token i gets position i mod period.
-        self.position_period = position_period
+        self.scheme = POSITIONS[config.positions]
+        self.position_period = config.position_period
 
-    def forward(self, input_ids):
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device) % self.position_period
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+    def position_vectors(self, input_ids, attention_mask=None):
+        """(B|1, N, hidden): the learned position vector each token gets under the scheme."""
+        index = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        lengths = document_lengths(attention_mask, input_ids)
+        rows = self.position_embeddings.num_embeddings
+        return look_up(self.position_embeddings.weight, self.scheme(index, lengths, rows, self.position_period))
+
+    def forward(self, input_ids, attention_mask=None):
+        """attention_mask: (B, N), 0 on padding; without it every token is real."""
+        x = self.word_embeddings(input_ids) + self.position_vectors(input_ids, attention_mask)
         x = x + self.token_type_embeddings.weight[0]
         return self.LayerNorm(x)
 
 
+def query_scale(key_valid: torch.Tensor, rows: int) -> torch.Tensor:
+    """(B, 1, 1, 1): max(1, log n / log rows) for documents of n real tokens, exactly 1 up to
+    `rows` tokens (LongEmbed's attention scaling, with n from the mask, not the padded width)."""
+    n = key_valid.sum(1).to(torch.float32)
+    factor = torch.where(n > rows, torch.log(n) / math.log(rows), torch.ones_like(n))
+    return factor[:, None, None, None]
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, shape: BertShape, attention: nn.Module):
+    def __init__(self, shape: BertShape, attention: nn.Module, config: AttentionConfig):
         super().__init__()
         h = shape.hidden_size
         self.num_heads = shape.num_heads
@@ -57,6 +124,8 @@ class EncoderLayer(nn.Module):
         self.intermediate = nn.Linear(h, shape.intermediate_size)
         self.output = nn.Linear(shape.intermediate_size, h)
         self.output_norm = nn.LayerNorm(h, eps=shape.layer_norm_eps)
+        # Queries are scaled against the length the position table was trained on.
+        self.scaled_length = shape.max_positions if config.attention_scaling else None
 
     def forward(self, x, key_valid, need_weights=False):
         batch, n, hidden = x.shape
@@ -64,7 +133,10 @@ class EncoderLayer(nn.Module):
         def heads(t):  # (B, N, hidden) -> (B, H, N, D)
             return t.view(batch, n, self.num_heads, -1).transpose(1, 2)
 
-        mixed, weights = self.attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), key_valid, need_weights)
+        q = heads(self.query(x))
+        if self.scaled_length is not None:
+            q = q * query_scale(key_valid, self.scaled_length)
+        mixed, weights = self.attention(q, heads(self.key(x)), heads(self.value(x)), key_valid, need_weights)
         x = self.attention_norm(x + self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden)))
         x = self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
         return x, weights
@@ -84,9 +156,9 @@ class LongContextEncoder(nn.Module):
         self.attention_config = attention_config
         self.max_length = max_length
         head_dim = shape.hidden_size // shape.num_heads
-        self.embeddings = Embeddings(shape, attention_config.position_period)
+        self.embeddings = Embeddings(shape, attention_config)
         self.layers = nn.ModuleList(
-            EncoderLayer(shape, build_attention(attention_config, shape.num_heads, head_dim, max_length))
+            EncoderLayer(shape, build_attention(attention_config, shape.num_heads, head_dim, max_length), attention_config)
             for _ in range(shape.num_layers)
         )
 
@@ -94,7 +166,7 @@ class LongContextEncoder(nn.Module):
         """weights_layer: layer whose attention weights to return (third output).
         hidden_states: a list to append every layer's output to (for rank collapse)."""
         key_valid = attention_mask.bool()
-        x = self.embeddings(input_ids)
+        x = self.embeddings(input_ids, attention_mask)
         weights = None
         for i, layer in enumerate(self.layers):
             x, layer_weights = layer(x, key_valid, need_weights=(i == weights_layer))

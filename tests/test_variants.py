@@ -115,7 +115,7 @@ def test_impossible_parameters_fail_at_load(name, params, message):
 def test_unknown_variant_and_parameter_list_the_valid_ones():
     with pytest.raises(ValueError, match="valid: full, local, strided"):
         make_config("performer", 512)
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) windw.*valid: position_period=512, window=512"):
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) windw.*valid: position_period=512, positions='recurrent', attention_scaling=False, window=512"):
         make_config("local", 512, windw=3)
 
 

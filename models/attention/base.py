@@ -35,21 +35,43 @@ class SlotWeights(NamedTuple):
     probs: torch.Tensor
 
 
+# How tokens past the 512 learned positions get a position (LongEmbed, Zhu et al. 2024; see
+# models.encoder.Embeddings for the definitions).
+POSITION_SCHEMES = ("recurrent", "grouped", "interpolated")
+
+
 @dataclasses.dataclass
 class AttentionConfig:
     """Parameters every variant has.
 
-    position_period: tokens are numbered i mod period before the learned position table is
-        looked up; 512 tiles the pretrained table (Longformer's choice), 256 restarts it in
-        every 256-token block (what chunked embedding does).
+    positions: how a document of n real tokens maps token i to the 512-row learned position
+        table. "recurrent": row i mod position_period. "grouped": row floor(i / s).
+        "interpolated": position i / s, linearly interpolated between its two neighbouring
+        rows. s = max(1, ceil(n / 512)) per document, so every scheme gives the pretrained
+        positions to documents of up to 512 tokens.
+    position_period: the recurrent scheme's period; 512 tiles the pretrained table
+        (Longformer's choice), 256 restarts it in every 256-token block (what chunked
+        embedding does).
+    attention_scaling: multiply every layer's queries by max(1, log n / log 512) (LongEmbed's
+        inference-time scaling), which keeps the attention entropy of a long document near
+        what the model saw on 512 tokens.
     """
 
     variant: ClassVar[str] = ""
     position_period: int = 512
+    positions: str = "recurrent"
+    attention_scaling: bool = False
 
     def validate(self, max_length: int) -> None:
         """Raise ValueError naming the parameter when a value cannot work."""
         check(1 <= self.position_period <= 512, "position_period", "must be in 1..512 (the pretrained table has 512 rows)")
+        check(self.positions in POSITION_SCHEMES, "positions",
+              f"must be one of {', '.join(POSITION_SCHEMES)} (got {self.positions!r})")
+        check(self.positions == "recurrent" or self.position_period == 512, "position_period",
+              f"applies to positions=recurrent only (got position_period={self.position_period} "
+              f"with positions={self.positions!r}); leave it at 512")
+        check(isinstance(self.attention_scaling, bool), "attention_scaling",
+              f"must be true or false (got {self.attention_scaling!r})")
 
 
 def check(ok: bool, name: str, why: str) -> None:
