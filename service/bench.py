@@ -28,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from service.documents import DEV_DOCUMENTS, read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DOCS = ROOT.parent / "shared" / "data" / "longdocs-dev.jsonl"
+DEFAULT_DOCS = DEV_DOCUMENTS
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,11 +49,8 @@ def corpus_words(docs_path: Path | None) -> list[str]:
     path = docs_path or DEFAULT_DOCS
     if path.is_file():
         words: list[str] = []
-        with open(path) as f:
-            for line in f:
-                words += json.loads(line)["text"].split()
-                if len(words) > 400_000:
-                    break
+        for row in read_jsonl(path, limit=100):
+            words += row["text"].split()
         return words
     rng = random.Random(0)
     vocab = ["attention", "sparse", "document", "window", "global", "token", "matrix", "encoder", "query", "key",

@@ -26,13 +26,14 @@ class Pooling:
     """How a deployment turns token vectors into one vector.
 
     mean: mean of every token (what all-MiniLM-L6-v2 was trained with); cls: the [CLS] token's
-    vector; opening: opening_weight * mean of the first opening_tokens tokens + (1 -
-    opening_weight) * mean of all, each L2-normalised first (a document's opening often says
-    what it is about, the rest holds its details).
+    vector; opening: opening_weight x the mean of the document's first late chunk (its first
+    opening_tokens document tokens, [CLS] with them) + (1 - opening_weight) x the mean of all,
+    each L2-normalised first. A document's opening often says what it is about, the rest holds
+    its details; a document that fits in one such chunk gets its mean vector.
     """
 
     mode: str = "mean"
-    opening_weight: float = 0.5
+    opening_weight: float = 0.35
     opening_tokens: int = 256
 
     def __post_init__(self):
@@ -47,8 +48,10 @@ class Pooling:
         """(d,) vector of one document."""
         if self.mode == "cls":
             vector = hidden[0]
-        elif self.mode == "opening":
-            head = l2_normalize(hidden[: self.opening_tokens].mean(0))
+        elif self.mode == "opening" and len(hidden) > self.opening_tokens + 2:
+            # The opening is the first chunk of token_chunks(..., opening_tokens): [CLS] and the
+            # first opening_tokens document tokens. A shorter document is all opening: its mean.
+            head = l2_normalize(hidden[: self.opening_tokens + 1].mean(0))
             vector = self.opening_weight * head + (1.0 - self.opening_weight) * l2_normalize(hidden.mean(0))
         else:
             vector = hidden.mean(0)

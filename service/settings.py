@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.pooling import Pooling
+
 VERSION = "0.1.0"
 
 
@@ -26,9 +28,9 @@ class Settings(BaseSettings):
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per (variant, params, max_length)")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (default attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "opening"] = Field("mean", description="token vectors -> one vector: mean of all tokens, the [CLS] token, or opening (a mix of the first opening_tokens' mean and the whole mean)")
-    opening_weight: float = Field(0.5, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
-    opening_tokens: int = Field(256, ge=1, description="pooling=opening: tokens the opening holds, [CLS] included")
+    pooling: Literal["mean", "cls", "opening"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
+    opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
+    opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")

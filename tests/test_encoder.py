@@ -1,6 +1,4 @@
 """The encoder end to end: pretrained parity, batch invariance, memory, determinism, API."""
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -8,21 +6,22 @@ import torch
 from models import load_encoder, variant_names
 from models.memory import measure
 from models.pretrained import model_dir
+from service.documents import DEV_DOCUMENTS, read_jsonl
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "longdocs-dev.jsonl"
+ROWS = read_jsonl(DEV_DOCUMENTS)
 SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]
 
 
 def real_sentences():
     """One-line descriptions and opening paragraphs of real man pages (all <= 256 tokens)."""
-    rows = [json.loads(line) for line in DATA.open()][:40]
+    rows = ROWS[:40]
     texts = [r["query"] for r in rows]
     texts += [" ".join(r["text"].split()[:60]) for r in rows[:20]]
     return texts + ["", "a", "Ünïcödé — 漢字 and emoji 🙂 survive too."]
 
 
 def long_text(words, seed=0):
-    rows = [json.loads(line) for line in DATA.open()]
+    rows = ROWS
     return " ".join(" ".join(r["text"] for r in rows[seed : seed + 3]).split()[:words])
 
 

@@ -137,19 +137,25 @@ def test_metrics_count_the_new_routes(client):
     assert 'attnserve_requests_success_total{route="/embed_chunks"' in text
 
 
-@pytest.mark.parametrize("mode", ["cls", "opening"])
+@pytest.mark.parametrize("mode", ["cls", "opening", "mean"])
 def test_pooling_setting(mode):
     with make_client(pooling=mode, opening_weight=0.25, opening_tokens=4) as c:
         info = c.get("/info").json()["pooling"]
         assert info["mode"] == mode
         if mode == "opening":
             assert (info["opening_weight"], info["opening_tokens"]) == (0.25, 4)
-        r = c.post("/embed", json={"inputs": ["pool me", "and me too"]})
+        r = c.post("/embed", json={"inputs": ["pool me", "and me too, a longer text than four tokens"]})
         assert r.status_code == 200
         v = np.array(r.json())
         np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, rtol=1e-5)
-        # The fake's token vectors are all alike, so every pooling gives the mean's direction.
-        with make_client() as plain:
-            np.testing.assert_allclose(v, plain.post("/embed", json={"inputs": ["pool me", "and me too"]}).json(), atol=1e-6)
+    # The fake's token vectors are all alike, so every pooling gives the mean's direction.
+    with make_client(pooling="mean") as plain:
+        np.testing.assert_allclose(v, plain.post("/embed", json={"inputs": ["pool me", "and me too, a longer text than four tokens"]}).json(), atol=1e-6)
+
+
+def test_default_pooling_is_opening():
+    from service.pooling import Pooling
+
     with make_client() as c:
-        assert c.get("/info").json()["pooling"] == {"mode": "mean", "opening_weight": None, "opening_tokens": None}
+        assert c.get("/info").json()["pooling"] == {"mode": "opening", "opening_weight": Pooling.opening_weight,
+                                                    "opening_tokens": Pooling.opening_tokens}

@@ -1,6 +1,6 @@
 """Load-test attnserve variants side by side over loopback.
 
-Every variant gets the same documents (made from ../shared/data/longdocs-dev.jsonl texts,
+Every variant gets the same documents (made from data/longdocs-dev.jsonl.gz texts,
 concatenated and cut to exactly 512, 4,096 and 16,384 tokens by the model's tokenizer) and
 the same schedule: for each document length in turn, CONCURRENCY workers POST /embed
 back to back for DURATION seconds. Variants run one after another, never at once, so
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import gzip
 import json
 import math
 import os
@@ -39,7 +40,7 @@ import httpx
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 DEFAULT_LENGTHS = (512, 4096, 16384)
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "longdocs-dev.jsonl"
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "data" / "longdocs-dev.jsonl.gz"
 
 
 # ---------------------------------------------------------------------------- documents
@@ -62,7 +63,8 @@ def make_documents(data: Path, tokenizer_path: Path, lengths: list[int], per_len
     tok = Tokenizer.from_file(str(tokenizer_path))
     tok.no_truncation()
     tok.no_padding()
-    texts = [json.loads(line)["text"] for line in data.read_text().splitlines() if line.strip()]
+    raw = gzip.decompress(data.read_bytes()).decode() if data.suffix == ".gz" else data.read_text()
+    texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
     if not texts:
         raise SystemExit(f"no texts in {data}")
     docs: dict[int, list[dict]] = {}
