@@ -49,21 +49,24 @@ class Encoder(LongContextEncoder):
         max_length tokens is cut to its first max_length tokens; an empty text gets the
         embedding of the empty document ([CLS] [SEP])."""
         ids = self.tokenize(texts)
-        out = torch.empty(len(ids), self.shape.hidden_size)
         if pooling is None or pooling.mode == "mean":
-            for batch in self._batches(ids):
-                input_ids, mask = pad_batch([ids[i] for i in batch])
-                out[batch] = self(input_ids, mask)[0]
-            return out
-        for i, hidden in enumerate(self._hidden_states(ids)):
-            out[i] = torch.from_numpy(pooling(hidden))
+            return self.embed_ids(ids)
+        return torch.stack([torch.from_numpy(pooling(hidden)) for hidden in self.token_states(ids)])
+
+    @torch.no_grad()
+    def embed_ids(self, ids: list[list[int]]) -> torch.Tensor:
+        """embed() of token id lists ([CLS] ... [SEP] each, at most max_length long)."""
+        out = torch.empty(len(ids), self.shape.hidden_size)
+        for batch in self._batches(ids):
+            input_ids, mask = pad_batch([ids[i] for i in batch])
+            out[batch] = self(input_ids, mask)[0]
         return out
 
     @torch.no_grad()
     def hidden_states(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's last hidden states, (n_tokens, hidden) float32, [CLS] and [SEP] included
         (TEI's /embed_all); texts longer than max_length are cut."""
-        return self._hidden_states(self.tokenize(texts))
+        return self.token_states(self.tokenize(texts))
 
     @torch.no_grad()
     def embed_chunks(self, texts: list[str], chunk_tokens: int = 256, overlap_tokens: int = 0,
@@ -78,7 +81,7 @@ class Encoder(LongContextEncoder):
         if spans is not None and len(spans) != len(texts):
             raise ValueError(f"spans must hold one list per text ({len(texts)} texts, {len(spans)} span lists)")
         encodings = self.tokenizer.encode_batch(texts)
-        hidden = self._hidden_states([e.ids for e in encodings])
+        hidden = self.token_states([e.ids for e in encodings])
         out = []
         for i, (text, encoding) in enumerate(zip(texts, encodings)):
             truncated = bool(encoding.overflowing)
@@ -102,7 +105,9 @@ class Encoder(LongContextEncoder):
             yield order[start:stop]
             start = stop
 
-    def _hidden_states(self, ids: list[list[int]]) -> list[np.ndarray]:
+    @torch.no_grad()
+    def token_states(self, ids: list[list[int]]) -> list[np.ndarray]:
+        """hidden_states() of token id lists."""
         out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
         for batch in self._batches(ids):
             input_ids, mask = pad_batch([ids[i] for i in batch])

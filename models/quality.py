@@ -1,109 +1,306 @@
-"""`attnserve bench quality`: how well each variant's embeddings cover long documents.
+"""`attnserve bench quality`: which variant, pooling and chunking to deploy on your documents.
 
-On ../shared/data/longdocs-dev.jsonl (344 man pages): summary MRR (the page's one-line
-description retrieves the page) and needle MRR (30 words from past word 600 retrieve it),
-plus each variant's mean cosine to `full` on the documents' first 512 tokens (how far the
-variant moves away from the pretrained model where full attention is still affordable).
+On a JSONL of long documents (default: the 344 Debian man pages of data/longdocs-dev.jsonl.gz),
+two retrieval tasks over the whole set: summary (a document's query retrieves it) and needle (a
+30-word passage copied from past word 600 retrieves it). Documents without a `query` get a
+self-supervised one: their first sentence, taken out of the text; without a `needle`, one is cut
+from the text. For each system: MRR and recall@1 on both tasks, seconds per document, and for
+variants the mean cosine to `full` on the documents' first 512 tokens.
+
+Systems:
+- baselines, what a 512-token server does: full attention on the first 256 or 512 tokens;
+  chunks of --chunk-tokens document tokens embedded one by one, then averaged ("naive chunks
+  mean") or kept apart with a document scored by its best chunk ("naive chunks MaxP");
+- every variant, one pass over each document (cut at --max-length), then from the same hidden
+  states: one vector per pooling mode, and late chunks (the same chunk boundaries as the naive
+  chunks, each the mean of its tokens' hidden states) scored MaxP.
+Queries go through the same encoder and pooling as the documents.
+
+Writes OUT/quality.csv (appended to with --append) and OUT/quality.png (quality against cost,
+one point per system).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import re
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "longdocs-dev.jsonl"
+from service.documents import DEV_DOCUMENTS, read_jsonl
+from service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
+
+NEEDLE_WORDS, NEEDLE_FROM = 30, 600
+COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
+           "documents", "summary_mrr", "summary_r1", "needle_mrr", "needle_r1", "seconds_per_doc", "cosine_to_full_512"]
 
 
 def configure(parser):
     from models.registry import variant_names
 
-    parser.add_argument("--variants", default=",".join(variant_names()))
-    parser.add_argument("--max-length", type=int, default=16384, help="documents are cut at this many tokens")
+    parser.add_argument("--data", default=str(DEV_DOCUMENTS), help="JSONL (or .jsonl.gz) with a 'text' per line, optional 'query' and 'needle'")
+    parser.add_argument("--variants", default=",".join(variant_names()), help="comma-separated variants ('' for baselines only)")
+    parser.add_argument("--max-length", type=int, default=4096, help="documents are cut at this many tokens")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N documents (0 = all)")
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
-    parser.add_argument("--out", default="reports/quality.csv")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="document tokens per chunk (naive and late chunks alike)")
+    parser.add_argument("--overlap-tokens", type=int, default=0, help="tokens a late chunk shares with the one before")
+    parser.add_argument("--poolings", default=",".join(POOLING_MODES), help=f"one-vector pooling modes to score ({', '.join(POOLING_MODES)})")
+    parser.add_argument("--opening-weight", default=str(Pooling.opening_weight), help="pooling=opening: weight of the opening's mean; a comma-separated list scores each")
+    parser.add_argument("--opening-tokens", type=int, default=256, help="pooling=opening: tokens in the opening")
+    parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE", help="override a variant parameter (repeatable)")
     parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True, help="also score the 512-token-server baselines")
-    parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE", help="override a variant parameter")
+    parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
+    parser.add_argument("--out", default="reports/quality", help="folder for quality.csv and quality.png")
+    parser.add_argument("--append", action="store_true", help="add rows to an existing quality.csv instead of replacing it")
 
 
-def mean_reciprocal_rank(queries: torch.Tensor, docs: torch.Tensor) -> float:
-    """Query i's right answer is document i; both sides L2-normalised."""
+# --------------------------------------------------------------------------- data
+
+
+def load_documents(path: str | Path, limit: int = 0, seed: int = 0) -> list[dict]:
+    """Rows with text, query and needle: given ones kept, missing ones made from the text."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file; pass --data with a JSONL of documents (one {{'text': ...}} per line)")
+    rows = read_jsonl(path, limit)
+    rng = np.random.default_rng(seed)
+    out = []
+    for index, row in enumerate(rows):
+        if not isinstance(row.get("text"), str) or not row["text"].strip():
+            raise SystemExit(f"{path}: line {index + 1} has no 'text'")
+        text, query, needle = row["text"], row.get("query"), row.get("needle")
+        if not query:
+            query, text = first_sentence(text)
+        if not needle:
+            needle = passage(text, rng)
+        out.append({"id": row.get("id", str(index)), "text": text, "query": query, "needle": needle})
+    return out
+
+
+def first_sentence(text: str) -> tuple[str, str]:
+    """(first sentence, the text without it); a sentence ends at . ! ? or a line break, and is
+    cut at 40 words."""
+    match = re.search(r"[.!?](\s|$)|\n", text)
+    end = match.end() if match else len(text)
+    words = text[:end].split()
+    if len(words) > 40:
+        end = len(" ".join(text.split()[:40]))
+    sentence, rest = text[:end].strip(), text[end:].strip()
+    return (sentence, rest) if rest else (sentence, text)
+
+
+def passage(text: str, rng: np.random.Generator) -> str:
+    """NEEDLE_WORDS consecutive words from past word NEEDLE_FROM (from the middle of shorter texts)."""
+    words = text.split()
+    lo = NEEDLE_FROM if len(words) >= NEEDLE_FROM + NEEDLE_WORDS else max(0, (len(words) - NEEDLE_WORDS) // 2)
+    start = int(rng.integers(lo, max(lo, len(words) - NEEDLE_WORDS) + 1))
+    return " ".join(words[start : start + NEEDLE_WORDS])
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def ranks(queries: np.ndarray, docs: np.ndarray, owner: np.ndarray | None = None) -> np.ndarray:
+    """Rank of query i's document i among all (1 = first), both sides L2-normalised. With
+    `owner` (one document index per row of docs, ascending), a document scores by its best row
+    (MaxP)."""
     scores = queries @ docs.T
-    rank = (scores > scores.diagonal()[:, None]).sum(1) + 1
-    return float((1.0 / rank).mean())
+    if owner is not None:
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+        scores = np.maximum.reduceat(scores, starts, axis=1)
+    return (scores > scores.diagonal()[:, None]).sum(1) + 1
 
 
-def first_tokens(encoder, texts, n):
-    return [encoder.tokenizer.decode(ids[1 : n - 1]) for ids in encoder.tokenize(texts)]
+def mean_reciprocal_rank(queries, docs, owner=None) -> float:
+    return float((1.0 / ranks(np.asarray(queries), np.asarray(docs), owner)).mean())
 
 
-def baselines(rows, max_length):
-    """What a 512-token server does, as measured in DESIGN.md: full attention on the first
-    256 or 512 tokens, and 256-token chunks embedded separately and averaged."""
+def scores(queries, needles, docs, owner=None) -> dict:
+    s, n = ranks(queries, docs, owner), ranks(needles, docs, owner)
+    return {"summary_mrr": float((1 / s).mean()), "summary_r1": float((s == 1).mean()),
+            "needle_mrr": float((1 / n).mean()), "needle_r1": float((n == 1).mean())}
+
+
+# --------------------------------------------------------------------------- systems
+
+
+def document_ids(encoder, rows) -> list:
+    """Each document's encoding, cut at the encoder's max_length."""
+    return encoder.tokenizer.encode_batch([r["text"] for r in rows])
+
+
+def chunk_bounds(encodings, rows, chunk_tokens: int, overlap_tokens: int = 0):
+    return [token_chunks(e.offsets, len(r["text"]), chunk_tokens, overlap_tokens, bool(e.overflowing)) for e, r in zip(encodings, rows)]
+
+
+def baselines(rows, encodings, args) -> list[dict]:
+    """What a 512-token server does with the same documents and chunk boundaries."""
     from models import load_encoder
 
     full = load_encoder("full", max_length=512)
-    texts = [r["text"] for r in rows]
-    ids = [x[1:-1] for x in load_encoder("full", max_length=max_length).tokenize(texts)]
-    chunked = []
-    for doc in ids:
-        chunks = [full.tokenizer.decode(doc[i : i + 254]) for i in range(0, max(len(doc), 1), 254)]
-        chunked.append(torch.nn.functional.normalize(full.embed(chunks).mean(0), dim=0))
-    queries = full.embed([r["query"] for r in rows])
-    needles = full.embed([r["needle"] for r in rows])
+    queries = full.embed([r["query"] for r in rows]).numpy()
+    needles = full.embed([r["needle"] for r in rows]).numpy()
+    cls, sep = full.tokenizer.token_to_id("[CLS]"), full.tokenizer.token_to_id("[SEP]")
     results = []
-    for name, docs in [("baseline: first 256 tokens", full.embed(first_tokens(full, texts, 256))),
-                       ("baseline: first 512 tokens", full.embed(first_tokens(full, texts, 512))),
-                       ("baseline: 256-token chunks averaged", torch.stack(chunked))]:
-        results.append({"variant": name, "summary_mrr": mean_reciprocal_rank(queries, docs),
-                        "needle_mrr": mean_reciprocal_rank(needles, docs), "cosine_to_full_512": float("nan"), "seconds": 0.0, "params": {}})
+    for keep in (256, 512):
+        start = time.perf_counter()
+        docs = full.embed_ids([[cls] + e.ids[1:-1][: keep - 2] + [sep] for e in encodings]).numpy()
+        results.append(_row(f"baseline: first {keep} tokens", scores(queries, needles, docs), time.perf_counter() - start, len(rows)))
+    chunks, owner = [], []
+    for index, bounds in enumerate(chunk_bounds(encodings, rows, args.chunk_tokens)):
+        ids = encodings[index].ids
+        for b in bounds:
+            chunks.append([cls] + [i for i in ids[b.first : b.stop] if i not in (cls, sep)] + [sep])
+            owner.append(index)
+    start = time.perf_counter()
+    vectors = np.concatenate([full.embed_ids(chunks[i : i + 256]).numpy() for i in tqdm(range(0, len(chunks), 256), desc="naive chunks", unit="x256")])
+    seconds = time.perf_counter() - start
+    owner = np.array(owner)
+    mean = np.stack([vectors[owner == i].mean(0) for i in range(len(rows))])
+    mean /= np.linalg.norm(mean, axis=1, keepdims=True)
+    results.append(_row("baseline: naive chunks mean", scores(queries, needles, mean), seconds, len(rows)))
+    results.append(_row("baseline: naive chunks MaxP", scores(queries, needles, vectors, owner), seconds, len(rows)))
     return results
 
 
-def evaluate(variant, rows, max_length, params, full_head):
+def evaluate_variant(variant: str, params: dict, rows, args, full_head) -> list[dict]:
+    """One pass per document; every pooling and the late chunks from the same hidden states."""
     from models import load_encoder
 
-    encoder = load_encoder(variant, max_length=max_length, **params)
-    start = time.perf_counter()
-    docs = encoder.embed([r["text"] for r in rows])
-    summary = mean_reciprocal_rank(encoder.embed([r["query"] for r in rows]), docs)
-    needle = mean_reciprocal_rank(encoder.embed([r["needle"] for r in rows]), docs)
-    head = encoder.embed(first_tokens(encoder, [r["text"] for r in rows], 512))
-    cosine = float((head * full_head).sum(1).mean())
-    return {"variant": variant, "summary_mrr": summary, "needle_mrr": needle, "cosine_to_full_512": cosine,
-            "seconds": time.perf_counter() - start, "params": params}
+    encoder = load_encoder(variant, max_length=args.max_length, **params)
+    weights = [float(w) for w in str(args.opening_weight).split(",") if w]
+    poolings = {}
+    for mode in (m for m in args.poolings.split(",") if m):
+        for weight in weights if mode == "opening" else [weights[0]]:
+            label = f"opening {weight:g}" if mode == "opening" else mode
+            poolings[label] = Pooling(mode, weight, args.opening_tokens)
+    encodings = document_ids(encoder, rows)
+    bounds = chunk_bounds(encodings, rows, args.chunk_tokens, args.overlap_tokens)
+    pooled = {label: [] for label in poolings}
+    late, owner = [], []
+    seconds = 0.0
+    for index, encoding in enumerate(tqdm(encodings, desc=variant, unit="doc")):
+        start = time.perf_counter()
+        (hidden,) = encoder.token_states([encoding.ids])
+        seconds += time.perf_counter() - start
+        for label, pooling in poolings.items():
+            pooled[label].append(pooling(hidden))
+        late.append(pool_chunks(hidden, bounds[index]))
+        owner += [index] * len(bounds[index])
+    query_states = encoder.token_states(encoder.tokenize([r["query"] for r in rows]))
+    needle_states = encoder.token_states(encoder.tokenize([r["needle"] for r in rows]))
+    cosine = float("nan")
+    if full_head is not None:
+        head = encoder.embed_ids([[e.ids[0]] + e.ids[1:-1][:510] + [e.ids[-1]] for e in encodings]).numpy()
+        cosine = float((head * full_head).sum(1).mean())
+    results = []
+    for label, pooling in poolings.items():
+        queries = np.stack([pooling(h) for h in query_states])
+        needles = np.stack([pooling(h) for h in needle_states])
+        result = scores(queries, needles, np.stack(pooled[label]))
+        results.append(_row(variant, result, seconds, len(rows), variant, params, label, "one vector", cosine))
+    mean = Pooling("mean")
+    queries = np.stack([mean(h) for h in query_states])
+    needles = np.stack([mean(h) for h in needle_states])
+    result = scores(queries, needles, np.concatenate(late), np.array(owner))
+    results.append(_row(variant, result, seconds, len(rows), variant, params, "mean", "late chunks MaxP", cosine))
+    return results
+
+
+def _row(system, result, seconds, documents, variant="", params=None, pooling="mean", representation="", cosine=float("nan")) -> dict:
+    return {"system": system, "variant": variant, "params": json.dumps(params or {}, sort_keys=True), "pooling": pooling,
+            "representation": representation or system.removeprefix("baseline: "), "documents": documents,
+            "seconds_per_doc": seconds / max(documents, 1), "cosine_to_full_512": cosine, **result}
+
+
+# --------------------------------------------------------------------------- command
 
 
 def quality_command(args) -> int:
     from models import load_encoder
 
-    rows = [json.loads(line) for line in open(args.data)]
-    rows = rows[: args.limit] if args.limit else rows
+    rows = load_documents(args.data, args.limit)
     params: dict[str, dict] = {}
     for item in args.param:
         key, _, value = item.partition("=")
         variant, _, name = key.partition(".")
+        if not name:
+            raise SystemExit(f"--param wants VARIANT.KEY=VALUE (got {item!r})")
         params.setdefault(variant, {})[name] = value
-    full = load_encoder("full", max_length=512)
-    full_head = full.embed(first_tokens(full, [r["text"] for r in rows], 512))
-    print(f"{len(rows)} documents, cut at {args.max_length} tokens")
-    print("| variant | summary MRR | needle MRR | cosine to full (first 512 tokens) | seconds |")
-    print("|---|---|---|---|---|")
-    results = baselines(rows, args.max_length) if args.baselines else []
-    for result in results:
-        print(f"| {result['variant']} | {result['summary_mrr']:.3f} | {result['needle_mrr']:.3f} | - | - |", flush=True)
-    for variant in [v for v in args.variants.split(",") if v]:
-        result = evaluate(variant, rows, args.max_length, params.get(variant, {}), full_head)
-        results.append(result)
-        print(f"| {variant} | {result['summary_mrr']:.3f} | {result['needle_mrr']:.3f} | {result['cosine_to_full_512']:.4f} | {result['seconds']:.0f} |", flush=True)
+    variants = [v for v in args.variants.split(",") if v]
+    print(f"{len(rows)} documents from {args.data}, cut at {args.max_length} tokens; chunks of {args.chunk_tokens} tokens"
+          f"{f', overlap {args.overlap_tokens}' if args.overlap_tokens else ''}", flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w") as f:
-        f.write("variant,params,max_length,documents,summary_mrr,needle_mrr,cosine_to_full_512,seconds\n")
-        for r in results:
-            f.write(f"{r['variant']},\"{r['params']}\",{args.max_length},{len(rows)},{r['summary_mrr']:.4f},{r['needle_mrr']:.4f},{r['cosine_to_full_512']:.4f},{r['seconds']:.1f}\n")
-    print(f"wrote {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "quality.csv"
+    if not args.append or not csv_path.exists():
+        with open(csv_path, "w", newline="") as f:
+            csv.writer(f).writerow(COLUMNS)
+    print("| system | pooling | representation | summary MRR | summary R@1 | needle MRR | needle R@1 | s/doc | cosine to full (512) |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    results = []
+
+    def emit(new):
+        for r in new:
+            r.update(max_length=args.max_length, chunk_tokens=args.chunk_tokens, overlap_tokens=args.overlap_tokens)
+            cosine = "-" if np.isnan(r["cosine_to_full_512"]) else f"{r['cosine_to_full_512']:.4f}"
+            label = r["system"] + (f" {r['params']}" if r["params"] != "{}" else "")
+            print(f"| {label} | {r['pooling']} | {r['representation']} | {r['summary_mrr']:.3f} | {r['summary_r1']:.3f} | "
+                  f"{r['needle_mrr']:.3f} | {r['needle_r1']:.3f} | {r['seconds_per_doc']:.3f} | {cosine} |", flush=True)
+        with open(csv_path, "a", newline="") as f:
+            writer = csv.DictWriter(f, COLUMNS)
+            writer.writerows({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in new)
+        results.extend(new)
+
+    if args.baselines:
+        full = load_encoder("full", max_length=args.max_length)
+        emit(baselines(rows, document_ids(full, rows), args))
+        del full
+    full_head = None
+    if args.cosine and variants:
+        full = load_encoder("full", max_length=512)
+        full_head = full.embed_ids([[e.ids[0]] + e.ids[1:-1][:510] + [e.ids[-1]] for e in document_ids(load_encoder("full", max_length=args.max_length), rows)]).numpy()
+        del full
+    for variant in variants:
+        with torch.no_grad():
+            emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head))
+    plot(csv_path, out / "quality.png")
+    print(f"wrote {csv_path} and {out / 'quality.png'}")
     return 0
+
+
+def plot(csv_path: Path, path: Path) -> None:
+    """Summary and needle MRR against seconds per document, one point per row of the CSV."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    markers = {"one vector": "o", "late chunks MaxP": "^"}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharex=True)
+    for ax, task in zip(axes, ("summary", "needle")):
+        for r in rows:
+            x, y = float(r["seconds_per_doc"]), float(r[f"{task}_mrr"])
+            baseline = r["system"].startswith("baseline")
+            label = r["system"].removeprefix("baseline: ") if baseline else f"{r['variant']} {r['pooling']}" + (" late" if r["representation"] != "one vector" else "")
+            ax.scatter([max(x, 1e-3)], [y], marker="s" if baseline else markers.get(r["representation"], "o"),
+                       color="black" if baseline else None, s=22)
+            ax.annotate(label, (max(x, 1e-3), y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.set(xscale="log", xlabel="seconds per document (CPU)", ylabel=f"{task} MRR", title=f"{task} retrieval")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{rows[0]['documents']} documents, cut at {rows[0]['max_length']} tokens: quality against cost "
+                 "(squares: 512-token baselines, circles: one vector, triangles: late chunks MaxP)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

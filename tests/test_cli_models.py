@@ -72,3 +72,57 @@ def test_bench_encoder_writes_every_table(tmp_path):
     assert {("transformers", "longformer", "256"), ("attnserve", "bigbird", "256")} <= cells
     assert all(float(r["seconds"]) > 0 for r in rows)
     assert (tmp_path / "encoder-latency.png").stat().st_size > 0
+
+
+def test_maxp_scores_a_document_by_its_best_chunk():
+    import numpy as np
+
+    from models.quality import ranks
+
+    queries = np.eye(3)
+    chunks = np.array([[0, 1, 0], [1, 0, 0], [0.9, 0.1, 0], [0, 0, 1]])  # doc 0: chunks 0-1, doc 1: chunk 2, doc 2: chunk 3
+    owner = np.array([0, 0, 1, 2])
+    # Query 0 finds doc 0 by its second chunk (1 > doc 1's 0.9); query 1 ranks doc 0's first chunk above doc 1.
+    assert ranks(queries, chunks, owner).tolist() == [1, 2, 1]
+    # Scored by its first chunk alone, doc 0 loses query 0 to doc 1.
+    assert ranks(queries, chunks[[0, 2, 3]]).tolist() == [2, 2, 1]
+
+
+def test_documents_without_queries_get_self_supervised_ones(tmp_path):
+    import json
+
+    from models.quality import load_documents
+
+    words = " ".join(f"w{i}" for i in range(900))
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "Opening sentence here. " + words}) + "\n" + json.dumps({"text": "x", "query": "q", "needle": "x"}) + "\n")
+    first, given = load_documents(path)
+    assert first["query"] == "Opening sentence here." and first["text"] == words
+    needle = first["needle"].split()
+    assert len(needle) == 30 and int(needle[0][1:]) >= 600 and first["needle"] in first["text"]
+    assert (given["query"], given["needle"]) == ("q", "x")
+
+
+def test_bench_quality_writes_table_csv_and_plot(tmp_path):
+    """A smoke run of `attnserve bench quality` on 6 documents of your own, no queries given."""
+    import csv
+    import json
+
+    from service.documents import DEV_DOCUMENTS, read_jsonl
+
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in read_jsonl(DEV_DOCUMENTS, limit=6)))
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "bench", "quality", "--data", str(data), "--max-length", "600",
+         "--variants", "local", "--chunk-tokens", "128", "--opening-weight", "0.3,0.6", "--out", str(tmp_path / "q")],
+        capture_output=True, text=True, check=True, timeout=600,
+    ).stdout
+    assert "| baseline: naive chunks MaxP |" in out and "| local | mean | late chunks MaxP |" in out
+    rows = list(csv.DictReader(open(tmp_path / "q" / "quality.csv")))
+    systems = {(r["system"], r["pooling"], r["representation"]) for r in rows}
+    assert {("local", "opening 0.3", "one vector"), ("local", "cls", "one vector"), ("local", "mean", "late chunks MaxP"),
+            ("baseline: first 256 tokens", "mean", "first 256 tokens")} <= systems
+    for r in rows:
+        assert 0 < float(r["summary_mrr"]) <= 1 and 0 <= float(r["needle_r1"]) <= 1 and r["documents"] == "6"
+    assert float(next(r for r in rows if r["system"] == "local")["cosine_to_full_512"]) > 0.9
+    assert (tmp_path / "q" / "quality.png").stat().st_size > 10_000
