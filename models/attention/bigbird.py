@@ -74,9 +74,12 @@ class BigBirdAttention(Attention):
         in_doc = (ids >= 0) & (ids < doc_blocks[:, None, None])
         w = window.shape[-1]
         slot = torch.arange(ids.shape[-1], device=key_valid.device)
-        # A block already read through an earlier slot is not read again.
-        repeated = ((ids[..., :, None] == ids[..., None, :]) & (slot[:, None] > slot[None, :])).any(-1)
-        read = in_doc & ~repeated & ~(is_global_block & (slot < w))  # globals via their own slots
+        # Globals are read through their own slots, not the window's; a block that an earlier
+        # slot reads already is not read again (only slots that read count: a global block in
+        # the window must not cancel its global slot).
+        candidate = in_doc & ~(is_global_block & (slot < w))
+        repeated = ((ids[..., :, None] == ids[..., None, :]) & (slot[:, None] > slot[None, :]) & candidate[..., None, :]).any(-1)
+        read = candidate & ~repeated
         read[..., w + 1] &= (last > 0)[:, None]  # a one-block document has one global block, not two
         return ids.clamp(0, nb - 1), read, doc_blocks
 
