@@ -10,12 +10,19 @@ FLOP at that rate. With --output-pruning it also measures whether asking ONNX Ru
 embedding alone skips the attention-map outputs of a graph that has both (it does not,
 which is why exports have a separate analysis graph).
 
+With --short-inputs it times short texts instead (16 and 128 tokens by default) through
+OnnxRunner on every variant, as a latency ratio to full, all variants in the same rounds: a
+variant exact on them runs its export's short graph (models/export.py); the others run their
+own graph padded to its granule. Variants with a short graph are also timed on their main
+graph alone, which is what an export without the short graph runs.
+
 A benchmark, not a test: numbers depend on the machine and on what else runs on it.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -28,19 +35,29 @@ from models.flops import count_flops, matmul_peak_flops
 from models.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
+SHORT_LENGTHS = (16, 128)  # a retrieval query, a short passage
+SHORT_EXPORT_LENGTH = 1024
+SHORT_TARGET = 1.1  # latency ratio to full a variant exact on an input should stay within
 
 
 def configure_bench_runtime(parser) -> None:
     parser.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated sequence lengths")
+    parser.add_argument("--lengths", default=None,
+                        help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_LENGTHS))}; "
+                             f"{','.join(map(str, SHORT_LENGTHS))} with --short-inputs)")
     parser.add_argument("--batch", type=int, default=1, help="documents per forward (default 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per length below 8192 tokens (median)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed runs per length below 8192 tokens, median (default 3; 21 rounds with --short-inputs)")
     parser.add_argument("--long-repeats", type=int, default=1, help="timed runs per length from 8192 tokens")
     parser.add_argument("--threads", type=int, default=0, help="threads for both PyTorch and ORT (0: all cores)")
     parser.add_argument("--exports-dir", default=None, help="reuse/keep exports here (default: a temporary directory)")
     parser.add_argument("--optimize", action="store_true", help="export with the exporter's onnxscript optimiser")
     parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    parser.add_argument("--short-inputs", action="store_true",
+                        help="time short texts through OnnxRunner on every variant as a latency ratio to full")
+    parser.add_argument("--max-length", type=int, default=SHORT_EXPORT_LENGTH,
+                        help=f"max_length of the exports --short-inputs makes (default {SHORT_EXPORT_LENGTH})")
 
 
 def _inputs(batch: int, length: int):
@@ -51,13 +68,15 @@ def _inputs(batch: int, length: int):
 
 
 def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
-    from models.export import export_model
+    from models.export import export_model, short_graph_length
+    from models.registry import make_config
 
     out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
     manifest = out / "manifest.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())
-        if m.get("variant") == variant and m.get("max_length") == max_length:
+        short = short_graph_length(make_config(variant, max_length), max_length) > 0
+        if m.get("variant") == variant and m.get("max_length") == max_length and ("short" in m.get("graphs", {})) == short:
             return out
     export_model(variant, {}, max_length, out, analysis=False, verify=True, optimize=optimize, log=log)
     return out
@@ -152,6 +171,113 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
     return rows
 
 
+def _progress(message: str, done: bool = False) -> None:
+    """A status line on stderr: rewritten in place on a terminal, one line each otherwise."""
+    if sys.stderr.isatty():
+        print(f"\r{message}\x1b[K", end="\n" if done else "", file=sys.stderr, flush=True)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_LENGTH, repeats=21, threads=0,
+                       exports_dir=None, progress=_progress) -> list[dict]:
+    """Latency of short texts through OnnxRunner on each variant (full always included) as a
+    ratio to full's: median of `repeats` rounds that each time every (variant, length) once,
+    in an order rotated each round so that no call always follows the same one. Rows:
+    variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
+    for variants with a short graph main_ms / main_ratio (their main graph alone)."""
+    from models.export import short_graph_length
+    from models.registry import VARIANTS, make_config
+    from service.runtime import OnnxRunner
+
+    threads = threads or torch.get_num_threads()
+    names = ["full"] + [v for v in variants if v != "full"]
+    root = Path(exports_dir) if exports_dir else Path(tempfile.mkdtemp(prefix="attnserve-bench-short-"))
+    root.mkdir(parents=True, exist_ok=True)
+    runners, main_only, exact = {}, {}, {}
+    try:
+        for i, variant in enumerate(names, 1):
+            config = make_config(variant, max_length)
+            exact[variant] = VARIANTS[variant].exact_up_to(config, max_length)
+            progress(f"[{i}/{len(names)}] exporting {variant} (max_length {max_length}"
+                     f"{', with a short graph' if short_graph_length(config, max_length) else ''})")
+            started = time.perf_counter()
+            # Exported with its check: both graphs against the variant's PyTorch encoder.
+            export_dir = _export(variant, max_length, root, False, log=lambda m: None)
+            runners[variant] = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
+            if runners[variant].short_max_length:
+                main_only[variant] = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads,
+                                                short_graph=False)
+            progress(f"[{i}/{len(names)}] {variant}: exported and loaded in {time.perf_counter() - started:.0f}s", done=True)
+        inputs = {n: tuple(x.numpy() for x in _inputs(1, n)) for n in lengths}
+        calls = {}
+        for variant in names:
+            for n, (ids, mask) in inputs.items():
+                calls[(variant, n, "runner")] = lambda r=runners[variant], ids=ids, mask=mask: r.embed(ids, mask)
+                if variant in main_only:
+                    calls[(variant, n, "main")] = lambda r=main_only[variant], ids=ids, mask=mask: r.embed(ids, mask)
+        for fn in calls.values():  # warm-up: first runs pay for allocation and kernel selection
+            fn()
+            fn()
+        samples = {key: [] for key in calls}
+        keys = list(calls)
+        for round_ in range(repeats):
+            progress(f"timing {len(keys)} calls in rounds: {round_ + 1}/{repeats}")
+            order = keys[round_ % len(keys):] + keys[: round_ % len(keys)]
+            for key, seconds in interleaved_medians({k: calls[k] for k in order}, 1, warmup=False).items():
+                samples[key].append(seconds)
+        progress(f"timed {len(keys)} calls in {repeats} rounds", done=True)
+    finally:
+        if not exports_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    ms = {key: statistics.median(values) * 1e3 for key, values in samples.items()}
+    rows = []
+    for variant in names:
+        runner = runners[variant]
+        for n in lengths:
+            row = {"variant": variant, "length": n, "exact_up_to": exact[variant], "exact": n <= exact[variant],
+                   "graph": "short" if n <= runner.short_max_length else "embedding", "padded_to": runner.padded_length(n),
+                   "ms": ms[(variant, n, "runner")], "ratio": ms[(variant, n, "runner")] / ms[("full", n, "runner")],
+                   "threads": threads, "repeats": repeats, "max_length": max_length}
+            if variant in main_only:
+                row["main_padded_to"] = main_only[variant].padded_length(n)
+                row["main_ms"] = ms[(variant, n, "main")]
+                row["main_ratio"] = row["main_ms"] / ms[("full", n, "runner")]
+            rows.append(row)
+    return rows
+
+
+def short_inputs_table(rows: list[dict]) -> list[str]:
+    """The markdown table and notes of bench_short_inputs' rows."""
+    lengths = sorted({r["length"] for r in rows})
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    cell = {(r["variant"], r["length"]): r for r in rows}
+    head = ["variant", "exact full attention"] + [f"{n} tokens" for n in lengths] + [f"{n}, main graph only" for n in lengths]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant in names:
+        first = cell[(variant, lengths[0])]
+        exact = first["exact_up_to"]
+        span = "all lengths" if exact >= first["max_length"] else f"<= {exact} tokens" if exact else "never"
+        cells = [variant, span]
+        for n in lengths:
+            r = cell[(variant, n)]
+            where = "short graph" if r["graph"] == "short" else f"padded to {r['padded_to']}" if r["padded_to"] != n else "unpadded"
+            cells.append(f"{r['ratio']:.2f}x ({r['ms']:.1f} ms, {where})")
+        for n in lengths:
+            r = cell[(variant, n)]
+            cells.append(f"{r['main_ratio']:.2f}x (padded to {r['main_padded_to']})" if "main_ms" in r else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in lengths:
+        exact = [v for v in names if cell[(v, n)]["exact"] and v != "full"]
+        missed = [f"{v} {cell[(v, n)]['ratio']:.2f}x" for v in exact if cell[(v, n)]["ratio"] > SHORT_TARGET]
+        others = [v for v in names if not cell[(v, n)]["exact"]]
+        lines.append(f"{n} tokens: exact (full attention, target <= {SHORT_TARGET}x full): {', '.join(exact) or 'none'}; "
+                     + (f"over the target: {', '.join(missed)}" if missed else "all within the target")
+                     + f". Not exact (their own graph): {', '.join(others) or 'none'}.")
+    return lines
+
+
 def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5, log=print) -> dict:
     """Export one graph with the embedding and every layer's attention weights, and time it
     asked for the embedding alone vs for everything, beside the embedding-only graph."""
@@ -210,12 +336,26 @@ def bench_runtime_command(args) -> int:
     if unknown:
         print(f"attnserve bench runtime: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}", file=sys.stderr)
         return 2
+    default_lengths = SHORT_LENGTHS if args.short_inputs else DEFAULT_LENGTHS
     try:
-        lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
+        lengths = sorted({int(x) for x in (args.lengths or ",".join(map(str, default_lengths))).split(",") if x.strip()})
     except ValueError:
         print(f"attnserve bench runtime: --lengths takes comma-separated integers (got {args.lengths!r})", file=sys.stderr)
         return 2
-    rows = bench_runtime(names, lengths, args.batch, args.repeats, args.long_repeats, args.threads, args.exports_dir,
+    if args.short_inputs:
+        if not lengths or min(lengths) < 2 or max(lengths) > args.max_length:
+            print(f"attnserve bench runtime: --lengths must be in 2..--max-length {args.max_length} (got {lengths})", file=sys.stderr)
+            return 2
+        rows = bench_short_inputs(names, lengths, args.max_length, args.repeats or 21, args.threads, args.exports_dir)
+        print()
+        print(f"Short inputs through OnnxRunner, batch 1, {rows[0]['threads']} threads, exports at max_length "
+              f"{args.max_length}: latency as a ratio to full, median of {rows[0]['repeats']} rounds")
+        print()
+        print("\n".join(short_inputs_table(rows)))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"short_inputs": rows}, indent=2) + "\n")
+        return 0
+    rows = bench_runtime(names, lengths, args.batch, args.repeats or 3, args.long_repeats, args.threads, args.exports_dir,
                          args.optimize, log=lambda m: print(m, flush=True))
     print()
     print(f"ONNX Runtime vs PyTorch eager, batch {args.batch}, {rows[0].get('threads', '?') if rows else '?'} threads "

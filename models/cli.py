@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from models.registry import VARIANTS, parameters, variant_names
+from models.registry import VARIANTS, make_config, parameters, variant_names
 from models.timing import interleaved_medians
 
 HEADS, HEAD_DIM = 12, 32
@@ -15,12 +15,22 @@ def configure_variants(parser):
     pass
 
 
+# The length `attnserve variants` states exactness at: the serving default max_length.
+VARIANTS_MAX_LENGTH = 16384
+
+
+def exactness(name: str, max_length: int = VARIANTS_MAX_LENGTH) -> str:
+    """For which inputs the variant with default parameters is exactly full attention."""
+    exact = VARIANTS[name].exact_up_to(make_config(name, max_length), max_length)
+    return "all lengths" if exact >= max_length else f"<= {exact} tokens" if exact else "never"
+
+
 def variants_command(args) -> int:
     variant_names()
-    print(f"{'variant':<12} {'cost':<48} parameters (defaults)")
+    print(f"{'variant':<12} {'cost':<48} {'exact full attention':<21} parameters (defaults)")
     for name, cls in VARIANTS.items():
         params = ", ".join(f"{k}={v!r}" for k, v in parameters(name).items())
-        print(f"{name:<12} {cls.cost:<48} {params}")
+        print(f"{name:<12} {cls.cost:<48} {exactness(name):<21} {params}")
     return 0
 
 

@@ -5,12 +5,22 @@ An export directory holds:
     model.onnx (+ model.onnx.data)       the embedding graph: input_ids, attention_mask ->
                                          sentence_embedding, last_hidden_state, rank_collapse
     analysis.onnx (+ analysis.onnx.data) the attention maps of every layer, compact form
+    short.onnx (+ short.onnx.data)       only for variants exact on short inputs: the embedding
+                                         graph with full attention, unpadded, for inputs up to
+                                         manifest graphs.short.max_length tokens
     tokenizer.json                       the model's tokenizer
     manifest.json                        what was exported, file hashes, how to call it
 
 Why two graphs: ONNX Runtime runs every node of a graph whatever outputs are asked for (see
 `attnserve bench runtime --output-pruning`), and the explicit attention weights cost far more
 than the fused attention they replace, so the embedding path gets a graph without them.
+
+Why a short graph: up to `Attention.exact_up_to` tokens a variant computes exactly what full
+attention computes (a window or the blocks cover every token), yet its graph pads every input
+to its granule (a 128-token text runs as 256 on longformer, at 3.5x full's latency). Where
+that range holds more than one granule, the export adds the same encoder with full attention
+(same weights, positions and config) over a sequence axis of multiple 1, checked against the
+variant's own PyTorch encoder, and the runner sends batches that fit in it there.
 
 Dynamic shapes. Batch and sequence are dynamic axes. The block-sparse variants pad the
 sequence to a multiple of their block inside forward(); torch.export cannot prove the shape
@@ -35,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -46,10 +55,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.api import Encoder, load_encoder
-from models.attention.base import MASKED
+from models.attention.base import MASKED, AttentionConfig
 from models.encoder import rank_collapse_ratio
 from models.pretrained import model_dir
-from models.registry import make_config
+from models.registry import _variant, build_attention, make_config
 # The export format is defined once, by its torch-free reader (the serving runtime).
 from service.runtime import FORMAT, pad_to, sha256
 
@@ -61,20 +70,16 @@ HEADS_PER_NODE = 2  # heads per ONNX Attention node over all N keys (see onnx_fr
 INPUT_NAMES = ["input_ids", "attention_mask"]
 EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
 MAX_BATCH = 1024
+GRAPH_FILES = ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "short.onnx", "short.onnx.data")
 # Parity tolerances of the export-time check (the tests hold the same ones).
 EMBEDDING_TOL = 1e-4
 HIDDEN_TOL = 1e-3
 
 
-# Variants whose attention pattern is a discontinuous function of the hidden states: LSH
-# picks buckets by argmax over random rotations, and two rotated values of one token can be
-# closer (3.6e-7 measured at 640 tokens) than ONNX Runtime's and PyTorch's matmuls agree
-# (~1e-6). One token changing bucket shifts the sorted order, so the chunks of many tokens
-# change and their hidden states move by up to ~0.2 (embedding cosine down to 0.997),
-# while at most lengths nothing flips and parity is exact. Their exports are held to the
-# embeddings' cosine similarity to PyTorch's, at least DISCONTINUOUS_MIN_COSINE, instead.
-# A variant class may say so itself with `discontinuous = True`.
-DISCONTINUOUS = {"lsh"}
+# Variants whose attention pattern is a discontinuous function of the hidden states
+# (`Attention.discontinuous`, LSH's buckets) can take other discrete decisions in ONNX Runtime
+# than in PyTorch on float rounding; their exports are held to the embeddings' cosine
+# similarity to PyTorch's, at least DISCONTINUOUS_MIN_COSINE, instead of max abs diff.
 DISCONTINUOUS_MIN_COSINE = 0.99  # measured: 0.9969 for a 1,001-token document (test_export_parity)
 
 
@@ -84,9 +89,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def is_discontinuous(variant: str) -> bool:
-    from models.registry import _variant
-
-    return bool(getattr(_variant(variant), "discontinuous", variant in DISCONTINUOUS))
+    return bool(_variant(variant).discontinuous)
 
 
 class ExportFailed(RuntimeError):
@@ -135,7 +138,8 @@ class AnalysisGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         key_valid = attention_mask.bool()
-        x = self.encoder.embeddings(input_ids)
+        # The mask too: positions and query scaling follow each document's own length.
+        x = self.encoder.embeddings(input_ids, attention_mask)
         outputs = []
         for layer in self.encoder.layers:
             x, weights = layer(x, key_valid, need_weights=True)
@@ -196,30 +200,40 @@ def analysis_max_length(encoder: Encoder, multiple: int, capacity: int, max_leng
 
 
 def length_multiple(variant: str, config) -> int:
-    """The sequence granule of a variant's graph: inputs are padded to a multiple of it.
-    A variant may declare it itself (an int class attribute or a function of its config named
-    `length_multiple`); otherwise it is its block size, from its parameters."""
-    from models.registry import _variant
+    """The sequence granule of a variant's graph (`Attention.length_multiple`, its block):
+    inputs are padded to a multiple of it."""
+    return int(_variant(variant).length_multiple(config))
 
-    declared = getattr(_variant(variant), "length_multiple", None)
-    if callable(declared):
-        return int(declared(config))
-    if isinstance(declared, int):
-        return declared
-    p = dataclasses.asdict(config)
-    if variant in ("local", "longformer"):
-        return max(1, p["window"] // 2)
-    if variant == "strided":
-        return p["stride"] * max(1, p["window"] // 2)
-    if variant == "global":
-        return 32  # global_tokens.py runs its band in blocks of 32
-    if variant in ("bigbird", "sinkhorn"):
-        return p["block"]
-    if variant == "lsh":
-        return p["chunk"]
-    if variant == "compressed":
-        return math.lcm(p["stride"], p["kernel"])
-    return 1
+
+def short_graph_length(config, max_length: int) -> int:
+    """Capacity in tokens of an export's short graph, 0 for none: the longest input the variant
+    computes exactly as full attention does (`Attention.exact_up_to`), when that is more than
+    one granule of its graph. Inputs within one granule pad to that granule anyway, and a
+    variant with granule 1 pads nothing."""
+    cls = _variant(config.variant)
+    multiple = cls.length_multiple(config)
+    exact = min(cls.exact_up_to(config, max_length), max_length)
+    return exact if multiple > 1 and exact > multiple else 0
+
+
+def full_attention_encoder(encoder: Encoder, capacity: int) -> Encoder:
+    """`encoder` with full attention in every layer, for inputs of up to `capacity` tokens: the
+    same embeddings, projections, FFNs and norms (shared, not copied) and the parameters every
+    variant has (positions, query scaling), so that where the variant is exact the two compute
+    the same function."""
+    import copy
+
+    config = encoder.attention_config
+    full = make_config("full", capacity, **{f.name: getattr(config, f.name) for f in dataclasses.fields(AttentionConfig)})
+    shared = {id(t): t for t in (*encoder.parameters(), *encoder.buffers())}
+    if getattr(encoder, "tokenizer", None) is not None:
+        shared[id(encoder.tokenizer)] = encoder.tokenizer
+    short = copy.deepcopy(encoder, shared)
+    head_dim = encoder.shape.hidden_size // encoder.shape.num_heads
+    for layer in short.layers:
+        layer.attention = build_attention(full, encoder.shape.num_heads, head_dim, capacity)
+    short.attention_config, short.max_length = full, capacity
+    return short.eval()
 
 
 def _example(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -369,11 +383,13 @@ def _ort_session(path: Path, threads: int = 0):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths: list[int], log=print) -> dict:
+def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths: list[int], log=print,
+                           discontinuous: bool | None = None) -> dict:
     """ONNX Runtime (padded to the multiple) against PyTorch (unpadded) at each length, batch
-    1 and 3 (padded rows). Raises ExportFailed past EMBEDDING_TOL / HIDDEN_TOL."""
+    1 and 3 (padded rows). Raises ExportFailed past EMBEDDING_TOL / HIDDEN_TOL, or for a
+    discontinuous variant (unless discontinuous=False) below DISCONTINUOUS_MIN_COSINE."""
     session = _ort_session(path)
-    discontinuous = is_discontinuous(encoder.variant)
+    discontinuous = is_discontinuous(encoder.variant) if discontinuous is None else discontinuous
     worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0}
     for length in lengths:
         for batch in (1, 3):
@@ -390,7 +406,7 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
             if not np.isfinite(o_emb).all() or not np.isfinite(o_rank).all():
                 raise ExportFailed(f"{path.name} gives non-finite outputs at batch {batch}, {length} tokens")
             if discontinuous and (d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL):
-                # Hash buckets flipped on float rounding (see DISCONTINUOUS).
+                # Hash buckets flipped on float rounding (see LSHAttention.discontinuous).
                 worst["exact"] = False
                 cos = float(cosines(o_emb, emb.numpy()).min())
                 if cos >= DISCONTINUOUS_MIN_COSINE:
@@ -442,7 +458,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         raise ExportFailed(f"max_length {encoder.max_length} is shorter than {variant}'s block of {multiple} tokens")
     started = time.perf_counter()
     log(f"exporting {variant} {dataclasses.asdict(config)} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
-    for stale in ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "manifest.json"):
+    for stale in (*GRAPH_FILES, "manifest.json"):
         (out_dir / stale).unlink(missing_ok=True)
 
     traced = with_spare_position(encoder, capacity)
@@ -457,6 +473,20 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         verified = verify_embedding_graph(encoder, out_dir / "model.onnx", multiple, sorted({short, longer}), log)
 
     graphs = {"embedding": {"file": "model.onnx", "outputs": EMBEDDING_OUTPUTS}}
+    short_length = short_graph_length(config, max_length)
+    if short_length:
+        log(f"  short inputs: {variant} is full attention up to {short_length} tokens; short.onnx runs them unpadded")
+        with torch.no_grad():
+            _export_graph(EmbeddingGraph(full_attention_encoder(encoder, short_length)), out_dir / "short.onnx",
+                          EMBEDDING_OUTPUTS, 1, short_length, max_batch, opset, optimize, log)
+        graphs["short"] = {"file": "short.onnx", "outputs": EMBEDDING_OUTPUTS, "max_length": short_length,
+                           "length_multiple": 1, "attention": "full"}
+        if verify:
+            # Against the variant's own encoder: that is what the runner stands the graph in for.
+            # Exact attention takes no discrete decision, so LSH too is held to max abs diff.
+            lengths = sorted({min(short_length, 13), short_length // 2 + 1, short_length})
+            graphs["short"]["verified"] = verify_embedding_graph(encoder, out_dir / "short.onnx", 1, lengths, log,
+                                                                 discontinuous=False)
     if analysis:
         layout = analysis_layout(encoder, min(capacity, 2 * multiple))
         names, attention = [], []
@@ -476,7 +506,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
 
     shutil.copyfile(model_dir() / "tokenizer.json", out_dir / "tokenizer.json")
     files = {}
-    for name in ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "tokenizer.json"):
+    for name in (*GRAPH_FILES, "tokenizer.json"):
         path = out_dir / name
         if path.exists():
             files[name] = {"sha256": sha256(path), "bytes": path.stat().st_size}

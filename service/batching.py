@@ -205,7 +205,11 @@ class TokenBudgetBatcher:
         return batch
 
     def padded(self, width: int) -> int:
-        """The sequence length the runner runs a batch of longest input `width` at."""
+        """The sequence length the runner runs a batch of longest input `width` at: its own
+        padded_length when it has one (short batches may run unpadded, OnnxRunner)."""
+        padded_length = getattr(self.runner, "padded_length", None)
+        if padded_length is not None:
+            return int(padded_length(width))
         return -(-width // self.length_multiple) * self.length_multiple
 
     def _run(self, batch: list[_Job]) -> list:

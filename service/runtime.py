@@ -11,11 +11,15 @@ image without PyTorch runs it.
 
 Every batch is right-padded (attention mask 0) to the export's `length_multiple` before it
 runs: the graphs take sequences of that granule (models/export.py says why), and padding
-never changes the real tokens' results. Inputs longer than the export's max_length are
-refused with ValueError, never cut or run past what the graph was exported and checked for.
+never changes the real tokens' results. Exports of variants that are exactly full attention
+on short inputs also hold a short graph (full attention, any length up to
+`short_max_length`): a batch whose real tokens all fit in it runs there, unpadded, with the
+same outputs. Inputs longer than the export's max_length are refused with ValueError, never
+cut or run past what the graph was exported and checked for.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -104,10 +108,12 @@ class OnnxRunner:
     Runtime falls back along the list when one cannot start (no GPU, missing CUDA libraries),
     and `.provider` reports the one that actually runs. intra_op_threads / inter_op_threads:
     0 leaves ONNX Runtime's defaults. graph_optimization: disable, basic, extended or all.
+    short_graph: use the export's short graph when it has one (False: every batch runs the
+    main graph, as on an export without it; for comparisons).
     """
 
     def __init__(self, export_dir, providers=None, intra_op_threads: int = 0, inter_op_threads: int = 0,
-                 graph_optimization: str = "all"):
+                 graph_optimization: str = "all", short_graph: bool = True):
         import onnxruntime as ort
 
         self._ort = ort
@@ -135,6 +141,14 @@ class OnnxRunner:
         # Where run() binds its outputs: on CUDA, device memory through IO binding; None: plain
         # session.run (on CPU a binding would only add copies).
         self.io_binding_device: str | None = "cuda" if self.provider == "CUDAExecutionProvider" else None
+        # Batches whose real tokens end within short_max_length run the short graph (0: none).
+        short = self.manifest["graphs"].get("short") if short_graph else None
+        self._short = self._open("short") if short else None
+        if short and list(short["outputs"]) != list(self.manifest["graphs"]["embedding"]["outputs"]):
+            raise ExportError(f"{self.export_dir / 'manifest.json'}: the short graph's outputs differ from the embedding graph's")
+        self.short_max_length: int = min(int(short["max_length"]), self.max_length) if short else 0
+        # Embedding-graph runs per graph ("embedding", "short"): which one served the batches.
+        self.graph_runs: collections.Counter = collections.Counter()
         analysis = self.manifest["graphs"].get("analysis") or {}
         # Longest text an attention-map request may have (0: the export has no analysis graph).
         self.attention_max_length: int = int(analysis.get("max_length", self.max_length)) if analysis else 0
@@ -183,6 +197,14 @@ class OnnxRunner:
     # ------------------------------------------------------------------ inputs
 
     def _prepare(self, input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
+        """Checked inputs padded for the main and analysis graphs, and their width."""
+        ids, mask, n = self._checked(input_ids, attention_mask)
+        ids, mask = pad_to(ids, mask, self.length_multiple, self.min_length)
+        return np.ascontiguousarray(ids), np.ascontiguousarray(mask), n
+
+    def _checked(self, input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
+        """(B, N) int64 ids and mask, refused with ValueError when they cannot run; padding
+        past max_length dropped. N is the width the caller's outputs keep."""
         ids = np.asarray(input_ids)
         mask = np.asarray(attention_mask)
         if ids.ndim == 1:
@@ -202,10 +224,14 @@ class OnnxRunner:
                              f"shorten it or export with a larger --max-length")
         if n > self.max_length:  # only padding past max_length: drop it
             ids, mask, n = ids[:, : self.max_length], mask[:, : self.max_length], self.max_length
-        ids = ids.astype(np.int64, copy=False)
-        mask = mask.astype(np.int64, copy=False)
-        ids, mask = pad_to(ids, mask, self.length_multiple, self.min_length)
-        return np.ascontiguousarray(ids), np.ascontiguousarray(mask), n
+        return ids.astype(np.int64, copy=False), mask.astype(np.int64, copy=False), n
+
+    def padded_length(self, n: int) -> int:
+        """The sequence length a batch whose longest input has n tokens runs at (what a
+        token budget should count)."""
+        if n <= self.short_max_length:
+            return max(n, self.min_length)
+        return max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         feeds = {"input_ids": ids, "attention_mask": mask}
@@ -224,11 +250,25 @@ class OnnxRunner:
     # ------------------------------------------------------------------ API
 
     def run(self, input_ids, attention_mask, outputs=("sentence_embedding",)) -> dict[str, np.ndarray]:
-        """Named outputs of the embedding graph, padding removed from last_hidden_state."""
-        ids, mask, n = self._prepare(input_ids, attention_mask)
-        result = dict(zip(outputs, self._run(self._session, list(outputs), ids, mask)))
+        """Named outputs of the embedding graph, last_hidden_state as wide as the input. A batch
+        whose real tokens end within short_max_length runs the short graph, cut to that end
+        (its last_hidden_state is 0 past it, where the main graph leaves padding's values)."""
+        ids, mask, n = self._checked(input_ids, attention_mask)
+        columns = np.flatnonzero(mask.any(0))
+        end = int(columns[-1]) + 1 if len(columns) else 0
+        if self._short is not None and end <= self.short_max_length:
+            graph, session = "short", self._short
+            ids, mask = pad_to(ids[:, :end], mask[:, :end], 1, self.min_length)
+        else:
+            graph, session = "embedding", self._session
+            ids, mask = pad_to(ids, mask, self.length_multiple, self.min_length)
+        result = dict(zip(outputs, self._run(session, list(outputs), np.ascontiguousarray(ids), np.ascontiguousarray(mask))))
+        self.graph_runs[graph] += 1
         if "last_hidden_state" in result:
-            result["last_hidden_state"] = result["last_hidden_state"][:, :n]
+            hidden = result["last_hidden_state"][:, :n]
+            if hidden.shape[1] < n:
+                hidden = np.pad(hidden, ((0, 0), (0, n - hidden.shape[1]), (0, 0)))
+            result["last_hidden_state"] = hidden
         return result
 
     def embed(self, input_ids, attention_mask) -> np.ndarray:

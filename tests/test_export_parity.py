@@ -30,7 +30,7 @@ CASES = [[77], [1001, 640, 13], [LONG]]
 def replayed_decisions(encoder, runner, ids, mask):
     """PyTorch takes ONNX Runtime's discrete decisions for these inputs.
 
-    LSH (models.export.DISCONTINUOUS) sorts tokens by the argmax of random rotations: a
+    LSH (LSHAttention.discontinuous) sorts tokens by the argmax of random rotations: a
     rounding difference of ~1e-6 between the runtimes can move a token to another bucket, which
     reshuffles the chunks and, layer after layer, much of the document, so the two runtimes
     cannot agree on a whole forward. Its orders are its only discrete decisions; ORT's are read

@@ -41,7 +41,8 @@ def test_manifest_describes_the_export(export):
     assert manifest["sha256"] == sha256(export_dir / "model.onnx")
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == sha256(export_dir / name), name
-    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "tokenizer.json"}
+    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data",
+                                      "short.onnx", "short.onnx.data", "tokenizer.json"}  # short: tests/test_short_inputs.py
     assert manifest["versions"]["torch"] == torch.__version__ and manifest["versions"]["onnx"] == onnx.__version__
     model = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]

@@ -85,6 +85,26 @@ class Attention(nn.Module):
     config_class: ClassVar[type[AttentionConfig]] = AttentionConfig
     cost: ClassVar[str] = "O(N^2)"
     is_mask: ClassVar[bool] = False  # True when it equals dense softmax under a boolean mask
+    # True when which tokens meet is a discontinuous function of the hidden states (LSH's
+    # argmax buckets): two runtimes whose matmuls differ by ~1e-6 can then decide differently,
+    # so an export of it is held to embedding cosine, not to max abs diff (models/export.py).
+    discontinuous: ClassVar[bool] = False
+
+    @classmethod
+    def length_multiple(cls, config: AttentionConfig) -> int:
+        """The sequence granule of the variant's exported graph (its block): the runner pads
+        every input to a multiple of it, since torch.export cannot prove the shapes of the
+        padding forward() does for every length (models/export.py)."""
+        return 1
+
+    @classmethod
+    def exact_up_to(cls, config: AttentionConfig, max_length: int) -> int:
+        """The longest input, in real (right-padded) tokens, up to which this variant with
+        `config`, built for `max_length`, computes exactly what full attention computes: for
+        every document of 2..L tokens each query gets the softmax over all of its document's
+        tokens. 0 when not even 2 tokens (one token is exact for every variant, and graphs take
+        at least 2). At most max_length. A variant claims only what its pattern guarantees."""
+        return 0
 
     def __init__(self, config: AttentionConfig, num_heads: int, head_dim: int, max_length: int):
         super().__init__()

@@ -48,6 +48,28 @@ class BigBirdAttention(Attention):
     cost = "O(N * block * (window_blocks + 2 + random_blocks))"
     is_mask = True
 
+    @classmethod
+    def length_multiple(cls, config):
+        return config.block
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        """The global blocks read everything; a document of nb blocks is exact when every other
+        block reads all nb through its window, the global blocks and its random blocks. The
+        window and globals guarantee it up to window_blocks // 2 + 3 blocks (4 blocks, 256
+        tokens, by default); the random blocks depend on the seed and on nb, so each block
+        count is checked with the variant's own context_blocks, up to the first that fails."""
+        probe = cls(config, 1, 1, max_length)
+        for nb in range(1, -(-max_length // config.block) + 1):
+            ids, read, _ = probe.context_blocks(torch.ones(1, nb * config.block, dtype=torch.bool))
+            seen = torch.zeros(nb, nb, dtype=torch.bool)
+            seen[torch.arange(nb)[:, None].expand_as(ids[0])[read[0]], ids[0][read[0]]] = True
+            seen[[0, nb - 1]] = True
+            if not seen.all():
+                end = min((nb - 1) * config.block, max_length)
+                return end if end >= 2 else 0
+        return max_length
+
     def __init__(self, config, num_heads, head_dim, max_length):
         super().__init__(config, num_heads, head_dim, max_length)
         max_blocks = -(-max_length // config.block)

@@ -154,6 +154,18 @@ def banded_attention(q, k, v, key_valid, half, block, scale, global_rows=None, n
     return out, weights
 
 
+def band_exact_up_to(half: int, global_tokens: tuple[int, ...], max_length: int) -> int:
+    """Up to how many tokens banded_attention is full attention (see Attention.exact_up_to).
+    Global tokens see and are seen by every token; two other tokens see each other when at
+    most `half` apart. So the first n tokens are exact while the non-global ones among them
+    span at most `half` positions, and the first non-global token past that span ends it."""
+    globals_ = set(global_tokens)
+    others = (i for i in range(max_length) if i not in globals_)
+    first = next(others, None)
+    end = next((i for i in others if i - first > half), max_length) if first is not None else max_length
+    return end if end >= 2 else 0
+
+
 def banded_mask(key_valid, half, global_rows=None):
     """Dense (B, 1, N, N) reference of banded_attention's pattern, for tests."""
     n = key_valid.shape[1]

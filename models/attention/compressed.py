@@ -16,6 +16,7 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,15 @@ class CompressedConfig(AttentionConfig):
 class MemoryCompressedAttention(Attention):
     config_class = CompressedConfig
     cost = "O(N^2 / stride)"
+
+    @classmethod
+    def length_multiple(cls, config):
+        return math.lcm(config.stride, config.kernel)
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # A compressed key averages `kernel` tokens: exact only when that is one token.
+        return max_length if config.kernel == 1 else 0
 
     def __init__(self, config, num_heads, head_dim, max_length):
         super().__init__(config, num_heads, head_dim, max_length)

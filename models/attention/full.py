@@ -26,6 +26,10 @@ class FullAttention(Attention):
     cost = "O(N^2)"
     is_mask = True
 
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        return max_length
+
     def forward(self, q, k, v, key_valid, need_weights=False):
         out, probs = dense_rows_attention(q, k, v, key_valid, self.scale, need_weights)
         if not need_weights:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.attention.base import Attention, AttentionConfig, check
-from models.attention.blocks import banded_attention, banded_mask, global_positions
+from models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
 from models.registry import register_attention
 
 
@@ -32,11 +32,22 @@ class GlobalTokenAttention(Attention):
     config_class = GlobalConfig
     cost = "O(N * g)"
     is_mask = True
+    # Query block of the band: a band of half-width 0 is "itself", and blocks of 32 keep the
+    # gathered context (block + the global keys) small. Also the graph's sequence granule.
+    BAND_BLOCK = 32
+
+    @classmethod
+    def length_multiple(cls, config):
+        return cls.BAND_BLOCK
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # Exact while at most one token is not global: 2 tokens with global_tokens (0,).
+        return band_exact_up_to(0, config.global_tokens, max_length)
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         rows = global_positions(self.config.global_tokens, key_valid)
-        # A band of half-width 0 is "itself"; blocks of 32 keep the gathered context small.
-        return banded_attention(q, k, v, key_valid, 0, 32, self.scale, rows, need_weights)
+        return banded_attention(q, k, v, key_valid, 0, self.BAND_BLOCK, self.scale, rows, need_weights)
 
     def allowed_mask(self, key_valid):
         return banded_mask(key_valid, 0, global_positions(self.config.global_tokens, key_valid))

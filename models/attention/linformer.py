@@ -60,6 +60,13 @@ class LinformerAttention(Attention):
     config_class = LinformerConfig
     cost = "O(N * k)"
 
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # Block averaging over max_length / k tokens: with k = max_length every projected row
+        # is one token (E is the identity) and the k rows are the keys themselves; with fewer
+        # rows, tokens 0 and 1 already share one averaged key.
+        return max_length if config.k >= max_length else 0
+
     def __init__(self, config, num_heads, head_dim, max_length):
         super().__init__(config, num_heads, head_dim, max_length)
         self.E = nn.Parameter(block_average(config.k, max_length))

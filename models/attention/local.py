@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.attention.base import Attention, AttentionConfig, check
-from models.attention.blocks import banded_attention, banded_mask
+from models.attention.blocks import band_exact_up_to, banded_attention, banded_mask
 from models.registry import register_attention
 
 
@@ -31,6 +31,15 @@ class SlidingWindowAttention(Attention):
     config_class = LocalConfig
     cost = "O(N * window)"
     is_mask = True
+
+    @classmethod
+    def length_multiple(cls, config):
+        return max(1, config.window // 2)
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # Every token within window/2 of every other: window/2 + 1 tokens (257 at 512).
+        return band_exact_up_to(config.window // 2, (), max_length)
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         half = self.config.window // 2

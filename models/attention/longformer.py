@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.attention.base import Attention
-from models.attention.blocks import banded_attention, banded_mask, global_positions
+from models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
 from models.attention.global_tokens import GlobalConfig
 from models.attention.local import LocalConfig
 from models.registry import register_attention
@@ -31,6 +31,16 @@ class LongformerAttention(Attention):
     config_class = LongformerConfig
     cost = "O(N * (window + g))"
     is_mask = True
+
+    @classmethod
+    def length_multiple(cls, config):
+        return max(1, config.window // 2)
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # The global tokens see everything, so only the others must lie within one window:
+        # with window 512 and [CLS] global, tokens 1..257 are, i.e. 258 tokens.
+        return band_exact_up_to(config.window // 2, config.global_tokens, max_length)
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         half = self.config.window // 2

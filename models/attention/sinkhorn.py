@@ -51,6 +51,19 @@ class SinkhornAttention(Attention):
     config_class = SinkhornConfig
     cost = "O(N * block + (N / block)^2)"
 
+    @classmethod
+    def length_multiple(cls, config):
+        return config.block
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # A block reads its local_blocks neighbours on each side, so up to local_blocks + 1
+        # blocks every block reads all of them (and its sorted block is one of those). The
+        # sorted block could reach one more, but which one the learned sort picks depends on
+        # the input (at initialisation the sort is the identity and adds nothing).
+        end = min((config.local_blocks + 1) * config.block, max_length)
+        return end if end >= 2 else 0
+
     def __init__(self, config, num_heads, head_dim, max_length):
         super().__init__(config, num_heads, head_dim, max_length)
         # Sorting net: score(i, j) = (W s_i) . s_j + bonus * [i == j], s = a block's mean key.

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import banded_attention
+from models.attention.blocks import band_exact_up_to, banded_attention
 from models.registry import register_attention
 
 
@@ -37,6 +37,15 @@ class StridedAttention(Attention):
     config_class = StridedConfig
     cost = "O(N * window)"
     is_mask = True
+
+    @classmethod
+    def length_multiple(cls, config):
+        return config.stride * max(1, config.window // 2)
+
+    @classmethod
+    def exact_up_to(cls, config, max_length):
+        # Neighbours are `stride` apart: with stride > 1 token 1 never sees token 0.
+        return band_exact_up_to(config.window // 2, (), max_length) if config.stride == 1 else 0
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         stride, half = self.config.stride, self.config.window // 2
