@@ -65,11 +65,14 @@ class ServiceState:
             )
 
     async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True) -> list[Tokenized]:
-        """Tokenize in the tokenization thread pool; 413 for a too-long input."""
+        """Tokenize in the tokenization thread pool, recording each input's length in timings;
+        413 for a too-long input."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self.tokenization_pool, self.tokenizer.encode, texts, truncate, add_special_tokens)
+            tokenized = await loop.run_in_executor(self.tokenization_pool, self.tokenizer.encode, texts, truncate, add_special_tokens)
+            timings.input_tokens = [len(t) for t in tokenized]
+            return tokenized
         except InputTooLong as exc:
             raise ServiceError(413, str(exc), "too_long", param) from None
         except Exception as exc:  # the tokenizer refused the text

@@ -32,7 +32,6 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
         raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
     with admitted(service):
         (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
-        timings.input_tokens = [len(tokenized)]
         (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
     # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
     return await asyncio.to_thread(_render, body, service, tokenized, rows, cols, values, ratios)

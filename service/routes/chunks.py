@@ -25,7 +25,6 @@ async def embed_chunks(body: EmbedChunksRequest, service: ServiceState = Depends
     service.check_input_count(len(texts), "inputs")
     with admitted(service):
         tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
-        timings.input_tokens = [len(t) for t in tokenized]
         bounds = []
         for index, (text, tokens) in enumerate(zip(texts, tokenized)):
             truncated = tokens.original_length > len(tokens)

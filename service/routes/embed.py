@@ -23,7 +23,6 @@ async def embed(body: EmbedRequest, service: ServiceState = Depends(get_service)
     service.check_input_count(len(texts), "inputs")
     with admitted(service):
         tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
-        timings.input_tokens = [len(t) for t in tokenized]
         vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
     return JSONResponse(vectors.tolist())
 
@@ -35,7 +34,6 @@ async def embed_all(body: EmbedAllRequest, service: ServiceState = Depends(get_s
     service.check_input_count(len(texts), "inputs")
     with admitted(service):
         tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
-        timings.input_tokens = [len(t) for t in tokenized]
         total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
         if total > limit:
             raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "
@@ -71,7 +69,6 @@ async def tokenize(body: TokenizeRequest, service: ServiceState = Depends(get_se
     service.check_input_count(len(texts), "inputs")
     with admitted(service):
         tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", body.add_special_tokens)
-    timings.input_tokens = [len(t) for t in tokenized]
     return JSONResponse([
         [
             {"id": i, "text": tok, "special": sp, "start": None if sp else a, "stop": None if sp else b}

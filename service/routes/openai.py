@@ -40,7 +40,7 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
             except ValueError as exc:
                 code = 413 if "longer than" in str(exc) else 400
                 raise ServiceError(code, str(exc), "too_long" if code == 413 else "validation", "input") from None
-        timings.input_tokens = [len(t) for t in tokenized]
+            timings.input_tokens = [len(t) for t in tokenized]
         vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
     if body.dimensions is not None:
         vectors = l2_normalize(vectors[:, : body.dimensions])
