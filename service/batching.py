@@ -15,7 +15,6 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
 from typing import Any, Callable
 
 import numpy as np
