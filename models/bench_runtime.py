@@ -21,6 +21,7 @@ A benchmark, not a test: numbers depend on the machine and on what else runs on 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import statistics
 import sys
@@ -183,7 +184,8 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
                        exports_dir=None, progress=_progress) -> list[dict]:
     """Latency of short texts through OnnxRunner on each variant (full always included) as a
     ratio to full's: median of `repeats` rounds that each time every (variant, length) once,
-    in an order rotated each round so that no call always follows the same one. Rows:
+    in a new random order each round, so that no call always follows the same one (after a
+    padded main-graph call, ONNX Runtime's spinning threads slow whatever runs next). Rows:
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
     from models.export import short_graph_length
@@ -221,9 +223,11 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
             fn()
         samples = {key: [] for key in calls}
         keys = list(calls)
+        shuffle = random.Random(0).shuffle
         for round_ in range(repeats):
             progress(f"timing {len(keys)} calls in rounds: {round_ + 1}/{repeats}")
-            order = keys[round_ % len(keys):] + keys[: round_ % len(keys)]
+            order = list(keys)
+            shuffle(order)
             for key, seconds in interleaved_medians({k: calls[k] for k in order}, 1, warmup=False).items():
                 samples[key].append(seconds)
         progress(f"timed {len(keys)} calls in {repeats} rounds", done=True)

@@ -17,7 +17,7 @@ than the fused attention they replace, so the embedding path gets a graph withou
 
 Why a short graph: up to `Attention.exact_up_to` tokens a variant computes exactly what full
 attention computes (a window or the blocks cover every token), yet its graph pads every input
-to its granule (a 128-token text runs as 256 on longformer, at 3.5x full's latency). Where
+to its granule (a 128-token text runs as 256 on longformer, at ~3x full's latency). Where
 that range holds more than one granule, the export adds the same encoder with full attention
 (same weights, positions and config) over a sequence axis of multiple 1, checked against the
 variant's own PyTorch encoder, and the runner sends batches that fit in it there.
