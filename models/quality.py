@@ -134,6 +134,11 @@ def document_ids(encoder, rows) -> list:
     return encoder.tokenizer.encode_batch([r["text"] for r in rows])
 
 
+def first_tokens(encodings, n: int) -> list[list[int]]:
+    """Each document's first n tokens, [CLS] and [SEP] included."""
+    return [[e.ids[0]] + e.ids[1:-1][: n - 2] + [e.ids[-1]] for e in encodings]
+
+
 def chunk_bounds(encodings, rows, chunk_tokens: int, overlap_tokens: int = 0):
     return [token_chunks(e.offsets, len(r["text"]), chunk_tokens, overlap_tokens, bool(e.overflowing)) for e, r in zip(encodings, rows)]
 
@@ -149,7 +154,7 @@ def baselines(rows, encodings, args) -> list[dict]:
     results = []
     for keep in (256, 512):
         start = time.perf_counter()
-        docs = full.embed_ids([[cls] + e.ids[1:-1][: keep - 2] + [sep] for e in encodings]).numpy()
+        docs = full.embed_ids(first_tokens(encodings, keep)).numpy()
         results.append(_row(f"baseline: first {keep} tokens", scores(queries, needles, docs), time.perf_counter() - start, len(rows)))
     chunks, owner = [], []
     for index, bounds in enumerate(chunk_bounds(encodings, rows, args.chunk_tokens)):
@@ -196,7 +201,7 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head) -> list[
     needle_states = encoder.token_states(encoder.tokenize([r["needle"] for r in rows]))
     cosine = float("nan")
     if full_head is not None:
-        head = encoder.embed_ids([[e.ids[0]] + e.ids[1:-1][:510] + [e.ids[-1]] for e in encodings]).numpy()
+        head = encoder.embed_ids(first_tokens(encodings, 512)).numpy()
         cosine = float((head * full_head).sum(1).mean())
     results = []
     for label, pooling in poolings.items():
@@ -257,15 +262,13 @@ def quality_command(args) -> int:
             writer.writerows({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in new)
         results.extend(new)
 
+    # Every document tokenized once, cut at --max-length (the tokenizer is the same for all variants).
+    encodings = document_ids(load_encoder("full", max_length=args.max_length), rows)
     if args.baselines:
-        full = load_encoder("full", max_length=args.max_length)
-        emit(baselines(rows, document_ids(full, rows), args))
-        del full
+        emit(baselines(rows, encodings, args))
     full_head = None
     if args.cosine and variants:
-        full = load_encoder("full", max_length=512)
-        full_head = full.embed_ids([[e.ids[0]] + e.ids[1:-1][:510] + [e.ids[-1]] for e in document_ids(load_encoder("full", max_length=args.max_length), rows)]).numpy()
-        del full
+        full_head = load_encoder("full", max_length=512).embed_ids(first_tokens(encodings, 512)).numpy()
     for variant in variants:
         with torch.no_grad():
             emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head))
