@@ -10,6 +10,7 @@ from models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
 from models.pretrained import load_bert_weights, load_tokenizer
 from models.registry import make_config
 from models.sparse import to_sparse
+from models.weights import load_weights
 from service.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
@@ -33,6 +34,7 @@ class Encoder(LongContextEncoder):
     def __init__(self, shape, attention_config, max_length):
         super().__init__(shape, attention_config, max_length)
         self.tokenizer = load_tokenizer(max_length)
+        self.weights: dict | None = None  # the adapted weights applied (models.weights.load_weights)
 
     @property
     def variant(self) -> str:
@@ -154,13 +156,17 @@ def pad_batch(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, mask
 
 
-def load_encoder(variant: str = "longformer", max_length: int = 16384, **params) -> Encoder:
+def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=None, **params) -> Encoder:
     """An eval-mode encoder over all-MiniLM-L6-v2 whose attention is `variant` with `params`
     (see `attnserve variants`). Unknown variants or parameters and impossible values raise
-    ValueError saying what is valid."""
+    ValueError saying what is valid. `weights`: a directory `attnserve adapt` wrote, whose
+    tensors replace the pretrained ones (models.weights; a WeightsError, a ValueError, names
+    the file when they do not fit). encoder.weights says which were applied (None: none)."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
     config = make_config(variant, max_length, **params)
     encoder = Encoder(BertShape(), config, max_length)
     load_bert_weights(encoder)
+    if weights is not None:
+        load_weights(encoder, weights)
     return encoder.eval()

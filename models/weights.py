@@ -1,0 +1,114 @@
+"""Adapted weights: the tensors `attnserve adapt` trained, applied on top of the pretrained model.
+
+A weights directory DIR holds:
+
+    weights.safetensors   only the trained tensors, keyed by their LongContextEncoder.state_dict()
+                          names (e.g. layers.0.attention.E); a tensor tied under two names (linformer
+                          sharing='kv') is stored once, under its first name
+    adapt.json            what was trained: at least "variant", "parameters" (the variant config),
+                          "max_length", plus the trainer's own facts
+
+load_weights checks everything it can before copying anything in, so a mismatch leaves the
+encoder as it was and says which file and tensor to change.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from service.runtime import sha256
+
+WEIGHTS_FILE = "weights.safetensors"
+META_FILE = "adapt.json"
+
+
+class WeightsError(ValueError):
+    """Adapted weights that cannot be applied; the message names the file and what to change."""
+
+
+def save_weights(encoder: torch.nn.Module, out_dir, names) -> str:
+    """Write the state_dict entries `names` of `encoder` to out_dir/weights.safetensors (a
+    tensor tied under several names once, under the first) and return the file's sha256."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = encoder.state_dict()
+    unknown = [n for n in names if n not in state]
+    if unknown:
+        raise WeightsError(f"{out_dir / WEIGHTS_FILE}: {', '.join(unknown)} not in the encoder's state_dict; "
+                           f"name tensors as LongContextEncoder.state_dict() does")
+    tensors, seen = {}, set()
+    for name in names:
+        tensor = state[name]
+        # safetensors refuses tensors that share memory; a tied one is written once.
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor.detach().clone().contiguous()
+    path = out_dir / WEIGHTS_FILE
+    save_file(tensors, str(path))
+    return sha256(path)
+
+
+def read_meta(weights_dir) -> dict | None:
+    """DIR/adapt.json as a dict, None when the directory has none."""
+    path = Path(weights_dir) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{path}: not valid JSON ({exc}); rewrite it with `attnserve adapt` or remove it") from exc
+    if not isinstance(meta, dict):
+        raise WeightsError(f"{path}: must hold a JSON object with 'variant', 'parameters' and 'max_length'")
+    return meta
+
+
+def weights_file(weights_dir) -> Path:
+    """DIR/weights.safetensors, checked to exist (WeightsError naming what is missing)."""
+    weights_dir = Path(weights_dir)
+    if not weights_dir.is_dir():
+        raise WeightsError(f"{weights_dir}: no such weights directory; pass a directory written by `attnserve adapt`")
+    path = weights_dir / WEIGHTS_FILE
+    if not path.is_file():
+        raise WeightsError(f"{path}: missing; a weights directory holds {WEIGHTS_FILE} (and {META_FILE}) "
+                           f"as `attnserve adapt --out DIR` writes them")
+    return path
+
+
+def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
+    """Copy DIR/weights.safetensors into `encoder` and return (and set as encoder.weights)
+    {"dir", "sha256", "tensors", "adapt"}. Raises WeightsError for a missing directory or
+    file, weights trained for another variant, and tensors the encoder lacks or shapes it
+    does not have; nothing is copied in then."""
+    weights_dir = Path(weights_dir)
+    path = weights_file(weights_dir)
+    meta = read_meta(weights_dir)
+    variant = encoder.attention_config.variant
+    trained_for = meta.get("variant") if meta else None
+    if meta is not None and trained_for != variant:
+        raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
+                           f"use variant {trained_for!r} with them or adapt {variant} (see {weights_dir / META_FILE})")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise WeightsError(f"{path}: not a readable safetensors file ({exc}); rewrite it with `attnserve adapt`") from exc
+    state = encoder.state_dict()
+    for name, tensor in tensors.items():
+        if name not in state:
+            raise WeightsError(f"{path}: tensor {name} is not a parameter of the {variant} encoder; "
+                               f"the weights were written for another model or variant")
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            trained = f" ({META_FILE}: max_length {meta.get('max_length')}, parameters {meta.get('parameters')})" if meta else ""
+            raise WeightsError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the encoder's is "
+                               f"{tuple(state[name].shape)}; load it with the max_length and variant parameters "
+                               f"it was trained with{trained}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)
+    encoder.weights = {"dir": str(weights_dir.resolve()), "sha256": sha256(path), "tensors": len(tensors), "adapt": meta}
+    return encoder.weights
