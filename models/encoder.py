@@ -65,7 +65,9 @@ def interpolated_positions(index, lengths, rows: int, period: int):
     return (index.to(torch.float32) / group_size(lengths, rows).to(torch.float32)).clamp(max=rows - 1)
 
 
-POSITIONS = {"recurrent": recurrent_positions, "grouped": grouped_positions, "interpolated": interpolated_positions}
+POSITIONS = {"recurrent": recurrent_positions, "grouped": grouped_positions, "interpolated": interpolated_positions,
+             # Recurrent rows; Embeddings adds the learned offsets past the table.
+             "learned": recurrent_positions}
 assert tuple(POSITIONS) == POSITION_SCHEMES, "every position scheme the config accepts has a definition here"
 
 
@@ -89,13 +91,22 @@ class Embeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(shape.hidden_size, eps=shape.layer_norm_eps)
         self.scheme = POSITIONS[config.positions]
         self.position_period = config.position_period
+        # positions="learned": what tokens past the table add to their tiled row (LongEmbed's
+        # "new position rows", tiled so the parameters do not grow with max_length). Only long
+        # inputs read it, so up to 512 tokens the model stays the pretrained one.
+        learned = config.positions == "learned"
+        self.long_offsets = nn.Parameter(torch.zeros(shape.max_positions, shape.hidden_size)) if learned else None
 
     def position_vectors(self, input_ids, attention_mask=None):
         """(B|1, N, hidden): the learned position vector each token gets under the scheme."""
         index = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
         lengths = document_lengths(attention_mask, input_ids)
         rows = self.position_embeddings.num_embeddings
-        return look_up(self.position_embeddings.weight, self.scheme(index, lengths, rows, self.position_period))
+        vectors = look_up(self.position_embeddings.weight, self.scheme(index, lengths, rows, self.position_period))
+        if self.long_offsets is None:
+            return vectors
+        past = (index >= rows)[..., None].to(vectors.dtype)
+        return vectors + past * F.embedding(index % rows, self.long_offsets)
 
     def forward(self, input_ids, attention_mask=None):
         """attention_mask: (B, N), 0 on padding; without it every token is real."""
@@ -128,6 +139,11 @@ class EncoderLayer(nn.Module):
         self.scaled_length = shape.max_positions if config.attention_scaling else None
 
     def forward(self, x, key_valid, need_weights=False):
+        x, weights = self.attention_block(x, key_valid, need_weights)
+        return self.feed_forward(x), weights
+
+    def attention_block(self, x, key_valid, need_weights=False):
+        """The attention sub-layer: norm(x + out(attention(q, k, v))), and its weights."""
         batch, n, hidden = x.shape
 
         def heads(t):  # (B, N, hidden) -> (B, H, N, D)
@@ -137,9 +153,10 @@ class EncoderLayer(nn.Module):
         if self.scaled_length is not None:
             q = q * query_scale(key_valid, self.scaled_length)
         mixed, weights = self.attention(q, heads(self.key(x)), heads(self.value(x)), key_valid, need_weights)
-        x = self.attention_norm(x + self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden)))
-        x = self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
-        return x, weights
+        return self.attention_norm(x + self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden))), weights
+
+    def feed_forward(self, x):
+        return self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
 
 
 class LongContextEncoder(nn.Module):

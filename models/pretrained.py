@@ -31,8 +31,9 @@ _UNUSED = ("pooler.", "embeddings.position_ids")
 
 
 def load_bert_weights(module: torch.nn.Module, directory: Path | None = None) -> None:
-    """Copy the pretrained tensors into `module`; only a variant's own parameters may be
-    left as initialised, anything else missing or unexpected is an error."""
+    """Copy the pretrained tensors into `module`; only a variant's own parameters (and the
+    learned positions' offsets) may be left as initialised, anything else missing or
+    unexpected is an error."""
     tensors = load_file(str((directory or model_dir()) / "model.safetensors"))
     state = {}
     for name, tensor in tensors.items():
@@ -42,7 +43,7 @@ def load_bert_weights(module: torch.nn.Module, directory: Path | None = None) ->
             name = re.sub(pattern, replacement, name)
         state[name] = tensor
     missing, unexpected = module.load_state_dict(state, strict=False)
-    missing = [m for m in missing if ".attention." not in m]
+    missing = [m for m in missing if ".attention." not in m and m != "embeddings.long_offsets"]
     if missing or unexpected:
         raise RuntimeError(f"pretrained weights do not fit the encoder: missing {missing}, unexpected {unexpected}")
 

@@ -4,6 +4,10 @@ data/longdocs-dev.jsonl.gz: 344 Debian man pages (sections 3, 5, 7 and 8, about 
 each), one JSON object a line: id, text, query (the page's one-line description, taken out of
 the text), needle (30 words copied from the text past word 600), needle_word_offset. The
 quality benchmark, the load tests and the test suite read it.
+
+data/longdocs-train.jsonl.gz: 520 Linux kernel documentation pages, the same fields, query
+being the page's title. `attnserve adapt` trains on it (and picks checkpoints on documents
+held out of it); nothing is ever trained on the dev set that quality is reported on.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 from pathlib import Path
 
 DEV_DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "longdocs-dev.jsonl.gz"
+TRAIN_DOCUMENTS = DEV_DOCUMENTS.with_name("longdocs-train.jsonl.gz")
 
 
 def read_jsonl(path: str | Path, limit: int = 0) -> list[dict]:

@@ -114,7 +114,7 @@ def test_cli_strings_are_converted_and_bad_values_say_what_is_valid():
     config = make_config("longformer", 4096, positions="grouped", attention_scaling="true")
     assert config.positions == "grouped" and config.attention_scaling is True
     assert make_config("bigbird", 4096, attention_scaling="0").attention_scaling is False
-    with pytest.raises(ValueError, match="invalid parameter positions: must be one of recurrent, grouped, interpolated"):
+    with pytest.raises(ValueError, match="invalid parameter positions: must be one of recurrent, grouped, interpolated, learned"):
         make_config("local", 4096, positions="linear")
     with pytest.raises(ValueError, match="invalid parameter attention_scaling"):
         make_config("local", 4096, attention_scaling="maybe")

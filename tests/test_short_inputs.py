@@ -61,7 +61,7 @@ def test_every_variant_says_where_it_is_exact():
     """The defaults at 16,384 tokens (what `attnserve variants` prints)."""
     expected = {"full": 16384, "local": 257, "strided": 0, "global": 2, "longformer": 258,
                 # 4 blocks from window and globals; seed 0's random blocks complete a 5th.
-                "bigbird": 320, "lsh": 128, "sinkhorn": 128, "linformer": 0, "compressed": 0, "synthesizer": 0}
+                "bigbird": 320, "lsh": 128, "sinkhorn": 128, "linformer": 256, "compressed": 0, "synthesizer": 0}
     assert {name: exactness(name, {}, 16384)[0] for name in variant_names()} == expected
 
 
@@ -98,7 +98,7 @@ def test_which_exports_get_a_short_graph():
 
     lengths = {name: short_graph_length(make_config(name, 16384), 16384) for name in variant_names()}
     assert lengths == {"full": 0, "local": 257, "strided": 0, "global": 0, "longformer": 258, "bigbird": 320,
-                       "lsh": 128, "sinkhorn": 128, "linformer": 0, "compressed": 0, "synthesizer": 0}
+                       "lsh": 128, "sinkhorn": 128, "linformer": 256, "compressed": 0, "synthesizer": 0}
     assert short_graph_length(make_config("longformer", 200), 200) == 0  # 200 tokens pad to one 256 block anyway
 
 
@@ -112,7 +112,8 @@ def test_variants_command_says_where_each_is_exact():
     assert "all lengths" in lines["full"]
     assert "<= 257 tokens" in lines["local"] and "<= 258 tokens" in lines["longformer"]
     assert "<= 2 tokens" in lines["global"]
-    for name in ("strided", "linformer", "compressed", "synthesizer"):
+    assert "<= 256 tokens" in lines["linformer"]
+    for name in ("strided", "compressed", "synthesizer"):
         assert "never" in lines[name]
 
 

@@ -37,7 +37,7 @@ class SlotWeights(NamedTuple):
 
 # How tokens past the 512 learned positions get a position (LongEmbed, Zhu et al. 2024; see
 # models.encoder.Embeddings for the definitions).
-POSITION_SCHEMES = ("recurrent", "grouped", "interpolated")
+POSITION_SCHEMES = ("recurrent", "grouped", "interpolated", "learned")
 
 
 @dataclasses.dataclass
@@ -48,7 +48,9 @@ class AttentionConfig:
         table. "recurrent": row i mod position_period. "grouped": row floor(i / s).
         "interpolated": position i / s, linearly interpolated between its two neighbouring
         rows. s = max(1, ceil(n / 512)) per document, so every scheme gives the pretrained
-        positions to documents of up to 512 tokens.
+        positions to documents of up to 512 tokens. "learned": row i mod 512 plus, for tokens
+        past 512 only, a learned offset per row (zero until `attnserve adapt --stage long`
+        trains it; 512 x hidden parameters whatever max_length is).
     position_period: the recurrent scheme's period; 512 tiles the pretrained table
         (Longformer's choice), 256 restarts it in every 256-token block (what chunked
         embedding does).
@@ -89,6 +91,9 @@ class Attention(nn.Module):
     # argmax buckets): two runtimes whose matmuls differ by ~1e-6 can then decide differently,
     # so an export of it is held to embedding cosine, not to max abs diff (models/export.py).
     discontinuous: ClassVar[bool] = False
+    # Adam's learning rate for `attnserve adapt` (models/adapt.py); 0 for variants with no
+    # parameters of their own.
+    adapt_lr: ClassVar[float] = 0.0
 
     @classmethod
     def length_multiple(cls, config: AttentionConfig) -> int:

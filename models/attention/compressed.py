@@ -43,6 +43,7 @@ class CompressedConfig(AttentionConfig):
 class MemoryCompressedAttention(Attention):
     config_class = CompressedConfig
     cost = "O(N^2 / stride)"
+    adapt_lr = 0.01
 
     @classmethod
     def length_multiple(cls, config):

@@ -7,9 +7,11 @@ local blocks and to the block the permutation sorts into its place. At inference
 permutation is rounded to its row-wise argmax, so every query block reads exactly one sorted
 block and its attention map stays sparse and exact. O(N * block + (N / block)^2).
 
-Initialisation (no training happens here): the sorting net starts at zero with a diagonal
-bonus, i.e. the identity sort, so out of the box every block is sorted onto itself and the
-variant is block-local attention over the pretrained Q, K, V.
+Initialisation: the sorting net starts at zero with a diagonal bonus, i.e. the identity sort,
+so out of the box every block is sorted onto itself and the variant is block-local attention
+over the pretrained Q, K, V. `attnserve adapt` trains the sorting net by distillation, with
+the hard sort forward and the soft permutation's gradient backward (straight-through; see
+_sort_gradient).
 
 Parameters:
     block: tokens per block.
@@ -50,6 +52,7 @@ class SinkhornConfig(AttentionConfig):
 class SinkhornAttention(Attention):
     config_class = SinkhornConfig
     cost = "O(N * block + (N / block)^2)"
+    adapt_lr = 0.05
 
     @classmethod
     def length_multiple(cls, config):
@@ -72,6 +75,10 @@ class SinkhornAttention(Attention):
 
     def sorted_blocks(self, k, key_valid):
         """(B, H, nb) index of the key block sorted into each block's place."""
+        return self.sort_log_probs(k, key_valid).argmax(dim=-1)
+
+    def sort_log_probs(self, k, key_valid):
+        """(B, H, nb, nb) log of the soft permutation: row i, the blocks that may sort into i."""
         c = self.config
         batch, heads, _, dim = k.shape
         kb = pad_to_multiple(k, c.block, dim=2)
@@ -88,7 +95,7 @@ class SinkhornAttention(Attention):
         for _ in range(c.iterations):
             log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
             log_p = log_p - torch.logsumexp(log_p, dim=-2, keepdim=True)
-        return log_p.argmax(dim=-1)
+        return log_p
 
     def forward(self, q, k, v, key_valid, need_weights=False):
         c = self.config
@@ -97,7 +104,8 @@ class SinkhornAttention(Attention):
         padded = qb.shape[2]
         nb = padded // c.block
         valid = pad_to_multiple(key_valid, c.block, dim=1, value=False).view(batch, 1, nb, c.block)
-        target = self.sorted_blocks(k, key_valid)  # (B, H, nb)
+        log_p = self.sort_log_probs(k, key_valid)
+        target = log_p.argmax(dim=-1)  # (B, H, nb)
 
         def local_and_sorted(x, fill=0):  # (B, H, nb, bs, ...) -> (B, H, nb, (2L+2) * bs, ...)
             local = neighbour_blocks(x, c.local_blocks, fill=fill)
@@ -109,12 +117,29 @@ class SinkhornAttention(Attention):
         duplicate = (target - here).abs() <= c.local_blocks
         valid_h = valid.expand(batch, heads, nb, c.block)
         ctx_valid = local_and_sorted(valid_h, fill=False)
+        sorted_valid = ctx_valid[..., -c.block:].clone()
         ctx_valid[..., -c.block:] &= ~duplicate[..., None]
         allowed = ctx_valid[:, :, :, None, :]  # the same for every query of a block
         out, probs = context_attention(blocks(qb), local_and_sorted(blocks(kb)), local_and_sorted(blocks(vb)), allowed, self.scale, need_weights)
+        if self.training and torch.is_grad_enabled():
+            out = out + self._sort_gradient(log_p, blocks(qb), blocks(kb), blocks(vb), ctx_valid, sorted_valid)
         out = out.reshape(batch, heads, padded, dim)[:, :, :n]
         if not need_weights:
             return out, None
         positions = torch.arange(padded, device=q.device).view(1, 1, nb, c.block).expand(batch, heads, -1, -1)
         cols = local_and_sorted(positions, fill=-1)[:, :, :, None, :].expand(-1, -1, -1, c.block, -1)
         return out, [SlotWeights(torch.arange(padded, device=q.device), cols.reshape(batch, heads, padded, -1), probs.reshape(batch, heads, padded, -1))]
+
+    def _sort_gradient(self, log_p, qb, kb, vb, ctx_valid, sorted_valid):
+        """Zero forward, the sorting net's gradient backward (`attnserve adapt`): attention
+        that reads the soft permutation's mix of blocks in the sorted slot (never masked as a
+        duplicate, or the identity sort would give no gradient at all), minus itself detached.
+        The argmax the forward takes has no gradient of its own."""
+        c = self.config
+        soft = log_p.exp()
+        mix = lambda x: torch.einsum("bhij,bhjr->bhir", soft, x.flatten(3)).view(x.shape)  # noqa: E731
+        local = lambda x: neighbour_blocks(x, c.local_blocks)  # noqa: E731
+        valid = torch.cat([ctx_valid[..., : -c.block], sorted_valid], dim=-1)[:, :, :, None, :]
+        surrogate, _ = context_attention(qb, torch.cat([local(kb), mix(kb)], dim=3), torch.cat([local(vb), mix(vb)], dim=3),
+                                         valid, self.scale, False)
+        return surrogate - surrogate.detach()

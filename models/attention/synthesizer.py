@@ -74,6 +74,7 @@ def local_kernel_factors(length: int, rank: int, width: int, sharpness: float) -
 class SynthesizerAttention(Attention):
     config_class = SynthesizerConfig
     cost = "O(N^2 * rank)"
+    adapt_lr = 0.01
     # exact_up_to stays 0: its weights never come from query-key products.
 
     def __init__(self, config, num_heads, head_dim, max_length):
