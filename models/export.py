@@ -9,7 +9,9 @@ An export directory holds:
                                          graph with full attention, unpadded, for inputs up to
                                          manifest graphs.short.max_length tokens
     tokenizer.json                       the model's tokenizer
+    adapt.json                           only with adapted weights: their DIR/adapt.json
     manifest.json                        what was exported, file hashes, how to call it
+                                         ("weights": the adapted weights' sha256, or null)
 
 Why two graphs: ONNX Runtime runs every node of a graph whatever outputs are asked for (see
 `attnserve bench runtime --output-pruning`), and the explicit attention weights cost far more
@@ -59,6 +61,7 @@ from models.attention.base import MASKED, AttentionConfig
 from models.encoder import rank_collapse_ratio
 from models.pretrained import model_dir
 from models.registry import _variant, build_attention, make_config
+from models.weights import META_FILE
 # The export format is defined once, by its torch-free reader (the serving runtime).
 from service.runtime import FORMAT, pad_to, sha256
 
@@ -425,16 +428,18 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
 
 
 def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
-                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, log=print) -> Path:
+                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
     model.onnx (+ .data), analysis.onnx (+ .data) unless analysis=False, tokenizer.json and
-    manifest.json. Returns out_dir. Raises ValueError for bad variant/params and ExportFailed
-    when the export is not faithful."""
+    manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
+    them and the manifest records their sha256. Returns out_dir. Raises ValueError for bad
+    variant/params (WeightsError for weights that do not fit) and ExportFailed when the
+    export is not faithful."""
     config = make_config(variant, max_length, **params)
     multiple = length_multiple(variant, config)
     # The graph runs on inputs padded up to the multiple, so the encoder is built for that.
     capacity = -(-max_length // multiple) * multiple
-    encoder = load_encoder(variant, capacity, **params)
+    encoder = load_encoder(variant, capacity, weights=weights, **params)
     return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
                           opset=opset, optimize=optimize, max_batch=max_batch, log=log)
 
@@ -443,7 +448,8 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
                    analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = False,
                    max_batch: int = MAX_BATCH, log=print) -> Path:
     """export_model for an encoder already built (its max_length must be a multiple of the
-    variant's length multiple, or max_length given and at most it)."""
+    variant's length multiple, or max_length given and at most it). Adapted weights loaded
+    into it (encoder.weights) are recorded in the manifest."""
     import onnx
     import onnxscript
 
@@ -458,7 +464,9 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         raise ExportFailed(f"max_length {encoder.max_length} is shorter than {variant}'s block of {multiple} tokens")
     started = time.perf_counter()
     log(f"exporting {variant} {dataclasses.asdict(config)} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
-    for stale in (*GRAPH_FILES, "manifest.json"):
+    if getattr(encoder, "weights", None):
+        log(f"  with adapted weights from {encoder.weights['dir']} (sha256 {encoder.weights['sha256'][:10]}, {encoder.weights['tensors']} tensors)")
+    for stale in (*GRAPH_FILES, META_FILE, "manifest.json"):
         (out_dir / stale).unlink(missing_ok=True)
 
     traced = with_spare_position(encoder, capacity)
@@ -505,8 +513,12 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
             f"{ANALYSIS_BUDGET_BYTES >> 30} GiB)")
 
     shutil.copyfile(model_dir() / "tokenizer.json", out_dir / "tokenizer.json")
+    weights = getattr(encoder, "weights", None)
+    if weights and (Path(weights["dir"]) / META_FILE).is_file():
+        # What the weights were trained on travels with the export that serves them.
+        shutil.copyfile(Path(weights["dir"]) / META_FILE, out_dir / META_FILE)
     files = {}
-    for name in (*GRAPH_FILES, "tokenizer.json"):
+    for name in (*GRAPH_FILES, "tokenizer.json", META_FILE):
         path = out_dir / name
         if path.exists():
             files[name] = {"sha256": sha256(path), "bytes": path.stat().st_size}
@@ -534,6 +546,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         "graphs": graphs,
         "files": files,
         "sha256": files["model.onnx"]["sha256"],
+        "weights": {key: weights[key] for key in ("sha256", "dir", "tensors")} if weights else None,
         "verified": verified,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
                      "onnxruntime": _ort_version()},
@@ -567,6 +580,7 @@ def configure_export(parser) -> None:
     parser.add_argument("--optimize", action="store_true",
                         help="run the exporter's onnxscript optimiser too (2x slower export; ONNX Runtime optimises at load anyway)")
     parser.add_argument("--opset", type=int, default=OPSET)
+    parser.add_argument("--weights", metavar="DIR", help="adapted weights to export with (a directory `attnserve adapt` wrote)")
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -584,8 +598,8 @@ def export_command(args) -> int:
 
     try:
         export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
-                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize)
-    except (ValueError, ExportFailed) as exc:
+                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize, weights=args.weights)
+    except (ValueError, ExportFailed) as exc:  # WeightsError is a ValueError
         print(f"attnserve export: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -20,14 +20,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+# The file names, the error and the existence check are the serving side's (torch-free: it
+# names exports by the weights' sha256).
+from service.exports import META_FILE, WEIGHTS_FILE, WeightsError, weights_file
 from service.runtime import sha256
 
-WEIGHTS_FILE = "weights.safetensors"
-META_FILE = "adapt.json"
-
-
-class WeightsError(ValueError):
-    """Adapted weights that cannot be applied; the message names the file and what to change."""
+__all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
+           "weights_file"]
 
 
 def save_weights(encoder: torch.nn.Module, out_dir, names) -> str:
@@ -68,16 +67,17 @@ def read_meta(weights_dir) -> dict | None:
     return meta
 
 
-def weights_file(weights_dir) -> Path:
-    """DIR/weights.safetensors, checked to exist (WeightsError naming what is missing)."""
+def check_weights_dir(weights_dir, variant: str) -> dict | None:
+    """The directory holds weights.safetensors and, when it has an adapt.json, was trained for
+    `variant`; returns that adapt.json (None without one). WeightsError otherwise."""
     weights_dir = Path(weights_dir)
-    if not weights_dir.is_dir():
-        raise WeightsError(f"{weights_dir}: no such weights directory; pass a directory written by `attnserve adapt`")
-    path = weights_dir / WEIGHTS_FILE
-    if not path.is_file():
-        raise WeightsError(f"{path}: missing; a weights directory holds {WEIGHTS_FILE} (and {META_FILE}) "
-                           f"as `attnserve adapt --out DIR` writes them")
-    return path
+    weights_file(weights_dir)
+    meta = read_meta(weights_dir)
+    trained_for = meta.get("variant") if meta else None
+    if meta is not None and trained_for != variant:
+        raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
+                           f"use variant {trained_for!r} with them or adapt {variant} (see {weights_dir / META_FILE})")
+    return meta
 
 
 def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
@@ -86,13 +86,9 @@ def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
     file, weights trained for another variant, and tensors the encoder lacks or shapes it
     does not have; nothing is copied in then."""
     weights_dir = Path(weights_dir)
-    path = weights_file(weights_dir)
-    meta = read_meta(weights_dir)
     variant = encoder.attention_config.variant
-    trained_for = meta.get("variant") if meta else None
-    if meta is not None and trained_for != variant:
-        raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
-                           f"use variant {trained_for!r} with them or adapt {variant} (see {weights_dir / META_FILE})")
+    meta = check_weights_dir(weights_dir, variant)
+    path = weights_dir / WEIGHTS_FILE
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as exc:

@@ -200,6 +200,7 @@ class InfoResponse(BaseModel):
     num_heads: int
     provider: str
     model_sha256: str | None
+    weights_sha256: str | None = Field(None, description="sha256 of the adapted weights the export carries (null: the pretrained model's)")
     batching: BatchingLimits
     version: str
 

@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     max_length: int = Field(16384, ge=2, description="longest input in tokens, [CLS] and [SEP] included")
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per (variant, params, max_length)")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
+    weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (default attnserve-<variant served>)")
     pooling: Literal["mean", "cls", "opening"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
-    @field_validator("models_dir", "export_dir")
+    @field_validator("models_dir", "export_dir", "weights")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

@@ -19,6 +19,11 @@ def model_sha256(manifest: dict) -> str | None:
     return entry.get("sha256") or manifest.get("sha256")
 
 
+def weights_sha256(manifest: dict) -> str | None:
+    """sha256 of the adapted weights the export was made with, None for the pretrained model."""
+    return (manifest.get("weights") or {}).get("sha256")
+
+
 @router.get("/info", response_model=InfoResponse, responses=TEI_ERRORS)
 async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
     """What this deployment serves and its limits."""
@@ -34,6 +39,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         num_heads=service.num_heads,
         provider=str(getattr(service.runner, "provider", "unknown")),
         model_sha256=model_sha256(manifest),
+        weights_sha256=weights_sha256(manifest),
         batching=BatchingLimits(
             max_batch_tokens=service.batcher.max_batch_tokens,
             max_batch_requests=service.batcher.max_batch_requests,
