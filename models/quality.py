@@ -13,7 +13,8 @@ Systems:
   mean") or kept apart with a document scored by its best chunk ("naive chunks MaxP");
 - every variant, one pass over each document (cut at --max-length), then from the same hidden
   states: one vector per pooling mode, and late chunks (the same chunk boundaries as the naive
-  chunks, each the mean of its tokens' hidden states) scored MaxP.
+  chunks, each the mean of its tokens' hidden states) scored MaxP. A variant given
+  `--weights VARIANT=DIR` runs with those adapted weights, its rows named "VARIANT+adapted".
 Queries go through the same encoder and pooling as the documents.
 
 Writes OUT/quality.csv (appended to with --append) and OUT/quality.png (quality against cost,
@@ -53,6 +54,8 @@ def configure(parser):
     parser.add_argument("--opening-weight", default=str(Pooling.opening_weight), help="pooling=opening: weight of the opening's mean; a comma-separated list scores each")
     parser.add_argument("--opening-tokens", type=int, default=256, help="pooling=opening: tokens in the opening")
     parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE", help="override a variant parameter (repeatable)")
+    parser.add_argument("--weights", action="append", default=[], metavar="VARIANT=DIR",
+                        help="run VARIANT with the adapted weights in DIR (`attnserve adapt --out DIR`); its rows are named VARIANT+adapted (repeatable)")
     parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True, help="also score the 512-token-server baselines")
     parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
     parser.add_argument("--out", default="reports/quality", help="folder for quality.csv and quality.png")
@@ -173,11 +176,13 @@ def baselines(rows, encodings, args) -> list[dict]:
     return results
 
 
-def evaluate_variant(variant: str, params: dict, rows, args, full_head) -> list[dict]:
-    """One pass per document; every pooling and the late chunks from the same hidden states."""
+def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_dir=None) -> list[dict]:
+    """One pass per document; every pooling and the late chunks from the same hidden states.
+    `weights_dir`: adapted weights to load the encoder with."""
     from models import load_encoder
 
-    encoder = load_encoder(variant, max_length=args.max_length, **params)
+    encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
+    system = f"{variant}+adapted" if weights_dir is not None else variant
     weights = [float(w) for w in str(args.opening_weight).split(",") if w]
     poolings = {}
     for mode in (m for m in args.poolings.split(",") if m):
@@ -189,7 +194,7 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head) -> list[
     pooled = {label: [] for label in poolings}
     late, owner = [], []
     seconds = 0.0
-    for index, encoding in enumerate(tqdm(encodings, desc=variant, unit="doc")):
+    for index, encoding in enumerate(tqdm(encodings, desc=system, unit="doc")):
         start = time.perf_counter()
         (hidden,) = encoder.token_states([encoding.ids])
         seconds += time.perf_counter() - start
@@ -208,12 +213,12 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head) -> list[
         queries = np.stack([pooling(h) for h in query_states])
         needles = np.stack([pooling(h) for h in needle_states])
         result = scores(queries, needles, np.stack(pooled[label]))
-        results.append(_row(variant, result, seconds, len(rows), variant, params, label, "one vector", cosine))
+        results.append(_row(system, result, seconds, len(rows), variant, params, label, "one vector", cosine))
     mean = Pooling("mean")
     queries = np.stack([mean(h) for h in query_states])
     needles = np.stack([mean(h) for h in needle_states])
     result = scores(queries, needles, np.concatenate(late), np.array(owner))
-    results.append(_row(variant, result, seconds, len(rows), variant, params, "mean", "late chunks MaxP", cosine))
+    results.append(_row(system, result, seconds, len(rows), variant, params, "mean", "late chunks MaxP", cosine))
     return results
 
 
@@ -238,6 +243,7 @@ def quality_command(args) -> int:
             raise SystemExit(f"--param wants VARIANT.KEY=VALUE (got {item!r})")
         params.setdefault(variant, {})[name] = value
     variants = [v for v in args.variants.split(",") if v]
+    weights_dirs = parse_weights(args.weights, variants)
     print(f"{len(rows)} documents from {args.data}, cut at {args.max_length} tokens; chunks of {args.chunk_tokens} tokens"
           f"{f', overlap {args.overlap_tokens}' if args.overlap_tokens else ''}", flush=True)
     out = Path(args.out)
@@ -271,10 +277,31 @@ def quality_command(args) -> int:
         full_head = load_encoder("full", max_length=512).embed_ids(first_tokens(encodings, 512)).numpy()
     for variant in variants:
         with torch.no_grad():
-            emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head))
+            emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head, weights_dirs.get(variant)))
     plot(csv_path, out / "quality.png")
     print(f"wrote {csv_path} and {out / 'quality.png'}")
     return 0
+
+
+def parse_weights(items: list[str], variants: list[str]) -> dict[str, str]:
+    """--weights VARIANT=DIR items as {variant: dir}; each variant once, and one that runs."""
+    from models.weights import WeightsError, check_weights_dir
+
+    weights: dict[str, str] = {}
+    for item in items:
+        variant, sep, directory = item.partition("=")
+        if not sep or not variant or not directory:
+            raise SystemExit(f"--weights wants VARIANT=DIR (got {item!r})")
+        if variant in weights:
+            raise SystemExit(f"--weights names {variant} twice; give one weights directory per variant")
+        if variant not in variants:
+            raise SystemExit(f"--weights {item}: {variant} is not among --variants ({','.join(variants)}); add it there")
+        try:  # before any document is embedded: the baselines alone take minutes
+            check_weights_dir(directory, variant)
+        except WeightsError as exc:
+            raise SystemExit(f"--weights {item}: {exc}") from None
+        weights[variant] = directory
+    return weights
 
 
 def plot(csv_path: Path, path: Path) -> None:
