@@ -41,6 +41,7 @@ COMMANDS: list[Command] = [
     # lead (models/cli.py)
     Command(("variants",), "list the attention variants and their parameters", "models.cli:configure_variants", "models.cli:variants_command"),
     Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "models.cli:configure_bench_encoder", "models.cli:bench_encoder"),
+    Command(("adapt",), "train what a variant adds to the pretrained model (distillation), within a time budget", "models.adapt:configure", "models.adapt:adapt_command"),
     Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "models.quality:configure", "models.quality:quality_command"),
     # issue 3 (models/export.py, models/bench_runtime.py)
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "models.export:configure_export", "models.export:export_command"),

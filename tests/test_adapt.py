@@ -1,0 +1,177 @@
+"""`attnserve adapt`: a tiny distillation run writes weights that load, export and serve the
+same vectors; the training forward of every trained variant is its inference forward."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from models import load_encoder
+from models.adapt import Plan, adapt, trainable
+from models.registry import build_attention, make_config
+from service.documents import TRAIN_DOCUMENTS, read_jsonl
+
+MAX_LENGTH = 256
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory):
+    """The first 12 bundled training documents (8 to train on, 4 held out)."""
+    path = tmp_path_factory.mktemp("data") / "train.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for row in read_jsonl(TRAIN_DOCUMENTS, limit=12):
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def adapted(train_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapted")
+    plan = Plan(variant="linformer", params={"k": 32}, max_length=MAX_LENGTH, data=str(train_file), out=str(out),
+                minutes=5, window=128, batch=2, holdout=4, eval_seconds=0, max_steps=6, seed=0)
+    return out, adapt(plan, log=lambda *a: None)
+
+
+def test_adapt_writes_weights_record_and_plot(adapted):
+    out, record = adapted
+    assert {p.name for p in out.iterdir()} >= {"weights.safetensors", "adapt.json", "loss.png"}
+    meta = json.loads((out / "adapt.json").read_text())
+    assert meta == json.loads(json.dumps(record))
+    assert meta["variant"] == "linformer" and meta["parameters"]["k"] == 32 and meta["max_length"] == MAX_LENGTH
+    assert meta["steps"] == 6 and len(meta["curve"]["loss"]) == 6
+    # Scored before training and after every step (eval_seconds=0): best is the max of those.
+    scores = meta["curve"]["held_out"]
+    assert len(scores) == 7 and meta["held_out"]["before"] == pytest.approx(scores[0], abs=1e-5)
+    assert meta["held_out"]["after"] == pytest.approx(max(scores), abs=1e-5)
+    # Only linformer's E (shared by keys and values): one tensor per layer, 32 rows x 512 columns.
+    assert meta["trained"] == {f"layers.{i}.attention.E": [32, MAX_LENGTH] for i in range(6)}
+    assert meta["data"]["held_out"] == 4 and len(meta["data"]["held_out_ids"]) == 4
+
+
+def test_adapted_weights_load_and_change_only_the_variant(adapted):
+    out, record = adapted
+    base = load_encoder("linformer", MAX_LENGTH, k=32)
+    tuned = load_encoder("linformer", MAX_LENGTH, weights=out, k=32)
+    texts = ["a short text", "the kernel's memory management documentation " * 30]
+    if record["held_out"]["after"] > record["held_out"]["before"]:
+        assert not torch.allclose(base.embed(texts), tuned.embed(texts))
+    changed = {n for n, p in tuned.state_dict().items() if not torch.equal(p, base.state_dict()[n])}
+    assert changed and changed <= {f"layers.{i}.attention.{m}" for i in range(6) for m in "EF"}
+
+
+def test_adapted_export_matches_pytorch(adapted, tmp_path):
+    """Weights round-trip: adapt -> export --weights -> ONNX Runtime equals the PyTorch encoder."""
+    import onnxruntime as ort
+
+    from models.api import pad_batch
+    from models.export import export_model
+
+    out, _ = adapted
+    export_model("linformer", {"k": 32}, MAX_LENGTH, tmp_path, analysis=False, weights=out, log=lambda *a: None)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["weights"]["sha256"] == json.loads((out / "adapt.json").read_text())["weights_sha256"]
+    encoder = load_encoder("linformer", MAX_LENGTH, weights=out, k=32)
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for lengths in ([7], [130], [MAX_LENGTH], [MAX_LENGTH, 90, 3]):
+        ids = [[101, *rng.integers(1000, 30000, n - 2).tolist(), 102] for n in lengths]
+        input_ids, mask = pad_batch(ids)
+        got = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            want, hidden = encoder(input_ids, mask)
+        assert np.abs(got[0] - want.numpy()).max() <= 1e-4
+        real = mask.bool().numpy()
+        assert np.abs(got[1][real] - hidden.numpy()[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("variant", ["linformer", "compressed", "sinkhorn", "synthesizer"])
+def test_training_forward_is_the_inference_forward_and_has_gradients(variant):
+    torch.manual_seed(0)
+    attention = build_attention(make_config(variant, 512), 4, 32, 512)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 300, 32, generator=g) for _ in range(3))
+    valid = torch.arange(300)[None] < torch.tensor([300, 170])[:, None]
+    with torch.no_grad():
+        inference, _ = attention.eval()(q, k, v, valid)
+    training, _ = attention.train()(q, k, v, valid)
+    assert torch.equal(training, inference)
+    (training[valid[:, None, :, None].expand_as(training)] ** 2).sum().backward()
+    grads = [p.grad for p in attention.parameters()]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+
+
+def test_trainable_is_the_variant_parameters_only():
+    encoder = load_encoder("sinkhorn", 512)
+    assert set(trainable(encoder)) == {f"layers.{i}.attention.{n}" for i in range(6) for n in ("sort_projection", "identity_bonus")}
+    assert trainable(load_encoder("longformer", 512)) == {}
+
+
+def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "service.cli", "adapt", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
+                              capture_output=True, text=True)
+
+    fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))
+    assert fixed.returncode == 2 and "no parameters of its own" in fixed.stderr and "linformer" in fixed.stderr
+    missing = run("--variant", "linformer", "--max-length", "512", "--data", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 2 and "nope.jsonl" in missing.stderr
+    window = run("--variant", "linformer", "--max-length", "512", "--data", str(train_file), "--window", "4096")
+    assert window.returncode == 2 and "--window" in window.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def adapted_long(train_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapted-long")
+    plan = Plan(variant="local", params={"positions": "learned", "window": 128}, max_length=640, data=str(train_file),
+                out=str(out), minutes=5, stage="long", batch=3, holdout=4, eval_seconds=0, max_steps=3, seed=0, lr=1e-2)
+    return out, adapt(plan, log=lambda *a: None)
+
+
+def test_long_stage_trains_only_the_offsets_and_keeps_short_inputs_pretrained(adapted_long):
+    out, record = adapted_long
+    assert record["stage"] == "long" and record["trained"] == {"embeddings.long_offsets": [512, 384]}
+    assert record["steps"] == 3 and len(record["curve"]["held_out"]) == 4
+    assert all(np.isfinite(record["curve"]["loss"]))
+    pretrained = load_encoder("local", 640, window=128)
+    tuned = load_encoder("local", 640, weights=out, positions="learned", window=128)
+    # Whatever the offsets (the run may keep its initial zeros as the best checkpoint), only
+    # tokens past 512 read them.
+    with torch.no_grad():
+        tuned.embeddings.long_offsets.add_(torch.randn(512, 384, generator=torch.Generator().manual_seed(0)))
+    short = ["a short query", "the scheduler documentation " * 60]  # 3 and about 360 tokens
+    assert torch.allclose(tuned.embed(short), pretrained.embed(short), atol=1e-6)
+    long_text = ["memory management in the kernel " * 120]  # past 512 tokens
+    assert not torch.allclose(tuned.embed(long_text), pretrained.embed(long_text), atol=1e-4)
+
+
+def test_long_stage_needs_learned_positions_and_a_long_window(train_file, tmp_path):
+    plan = Plan(variant="local", params={}, max_length=640, data=str(train_file), out=str(tmp_path), stage="long", holdout=4)
+    with pytest.raises(ValueError, match="positions=learned"):
+        adapt(plan)
+    plan = dataclasses.replace(plan, params={"positions": "learned"}, window=512)
+    with pytest.raises(ValueError, match="--window must be in 514..max_length 640"):
+        adapt(plan)
+
+
+def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
+    from models.adapt import late_chunks, max_chunk_scores
+
+    hidden = torch.randn(2, 1 + 10, 4, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, 6:] = 0  # the second document: [CLS] + 5 tokens
+    chunks, valid = late_chunks(hidden, mask, chunk_tokens=4)
+    assert chunks.shape == (2, 3, 4) and valid.tolist() == [[True, True, True], [True, True, False]]
+    expect = torch.nn.functional.normalize(hidden[1, 5:6].mean(0), dim=0)  # tokens 5 (chunk 2 of doc 1)
+    assert torch.allclose(chunks[1, 1], expect, atol=1e-6)
+    assert torch.allclose(chunks[0, 2], torch.nn.functional.normalize(hidden[0, 9:11].mean(0), dim=0), atol=1e-6)
+    queries = chunks[:, 0]
+    scores = max_chunk_scores(queries, chunks, valid)
+    assert torch.allclose(scores.diagonal(), torch.ones(2), atol=1e-6)
