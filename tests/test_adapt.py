@@ -175,3 +175,18 @@ def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
     queries = chunks[:, 0]
     scores = max_chunk_scores(queries, chunks, valid)
     assert torch.allclose(scores.diagonal(), torch.ones(2), atol=1e-6)
+
+
+def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
+    from pathlib import Path
+
+    from service.runtime import sha256
+
+    presets = sorted((Path(__file__).resolve().parents[1] / "weights").glob("*/adapt.json"))
+    assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}
+    for path in presets:
+        meta = json.loads(path.read_text())
+        assert meta["data"]["file"] == "data/longdocs-train.jsonl.gz" and meta["held_out"]["after"] >= meta["held_out"]["before"]
+        assert sha256(path.parent / "weights.safetensors") == meta["weights_sha256"]
+        encoder = load_encoder(meta["variant"], 1024, weights=path.parent, **meta["parameters"])
+        assert encoder.weights["tensors"] == len(meta["trained"])
