@@ -121,7 +121,7 @@ class Distill:
         if unknown:
             raise ValueError(f"--also {', '.join(unknown)}: no such module in the encoder's layers; "
                              f"choose from attention_out, attention_norm, query, key, value, intermediate, output, output_norm")
-        self.params = {n: p for n, p in named_once(student) if ".attention." in n}
+        self.params = trainable(student, "distill")
         if not self.params:
             raise ValueError(f"{plan.variant} has no parameters of its own to distill (its pattern is fixed); "
                              f"variants with some: {', '.join(n for n, c in VARIANTS.items() if c.adapt_lr)}")
@@ -184,7 +184,7 @@ class LongText:
             raise ValueError(f"--window must be in 514..max_length {plan.max_length} for stage long: only tokens past 512 "
                              f"use what it trains (got {self.window})")
         self.batch = plan.batch
-        self.params = {"embeddings.long_offsets": student.embeddings.long_offsets}
+        self.params = trainable(student, "long")
         self.lr = plan.lr or 1e-3
         self.groups = [{"params": list(self.params.values()), "lr": self.lr}]
         if plan.also:
@@ -239,15 +239,14 @@ class LongText:
             vector, hidden = student(input_ids, mask)
             vectors.append(vector)
             chunk_sets.append(late_chunks(hidden, mask))
-        docs = torch.cat(vectors)
-        width = max(c.shape[1] for c, _ in chunk_sets)
-        chunks = torch.cat([torch.nn.functional.pad(c, (0, 0, 0, width - c.shape[1])) for c, _ in chunk_sets])
-        valid = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for _, v in chunk_sets])
+        docs = torch.cat(vectors).numpy()
+        # Every document's real chunks in a row, with their owner: quality's MaxP scoring.
+        chunks = np.concatenate([c[0][v[0]].numpy() for c, v in chunk_sets])
+        owner = np.concatenate([np.full(int(v.sum()), i) for i, (_, v) in enumerate(chunk_sets)])
         mrrs = []
         for queries in self.held_queries:
-            mrrs.append(mean_reciprocal_rank(queries.numpy(), docs.numpy()))
-            scores = max_chunk_scores(queries, chunks, valid).numpy()
-            mrrs.append(float((1.0 / ((scores > scores.diagonal()[:, None]).sum(1) + 1)).mean()))
+            mrrs.append(mean_reciprocal_rank(queries.numpy(), docs))
+            mrrs.append(mean_reciprocal_rank(queries.numpy(), chunks, owner))
         return float(np.mean(mrrs))
 
 
