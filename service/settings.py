@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="if set, every route but /health needs 'Authorization: Bearer <key>'")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
     graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")
+    request_timeout: float = Field(300.0, ge=0, description="seconds a request may take from arrival to answer; past it the server stops its work and answers 504 (0: no deadline)")
 
     # ONNX Runtime.
     providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; default CUDA then CPU)")
@@ -53,6 +54,7 @@ class Settings(BaseSettings):
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body in bytes; larger get 413")
     max_attention_entries: int = Field(2_000_000, ge=1, description="largest sparse attention answer (non-zeros); ask for top_k or grid beyond it")
+    max_request_memory_mb: int = Field(1024, ge=1, description="memory one request may need for its model outputs and its answer, estimated before any work; larger get 413")
     max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
