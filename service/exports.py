@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from service.runtime import read_manifest, sha256
+from service.runtime import ExportError, read_manifest, sha256
 from service.settings import Settings
 
 log = logging.getLogger("attnserve")
@@ -80,12 +80,17 @@ def check_export_weights(target: Path, settings: Settings) -> None:
 
 def ensure_export(settings: Settings) -> Path:
     """The export directory to serve, exporting it first when it has no manifest.json yet.
-    The export is written to a temporary directory beside it and renamed into place, so an
-    interrupted export never looks finished."""
+
+    A directory without manifest.json is exported into only when it is empty: anything else
+    in it is not ours, so it is refused (ExportError) before any work and never deleted. The
+    export is written to a scratch directory beside the target and renamed into place, so an
+    interrupted export never looks finished; that scratch directory is the only thing this
+    ever removes."""
     target = export_path(settings)
     if (target / "manifest.json").is_file():
         check_export_weights(target, settings)
         return target
+    check_export_target(target)
     log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once", target, settings.variant,
                 settings.max_length, settings.params, settings.weights)
     try:
@@ -100,10 +105,29 @@ def ensure_export(settings: Settings) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         export_model(settings.variant, dict(settings.params), settings.max_length, scratch, weights=settings.weights)
-        if target.exists():  # a directory without a manifest: a leftover, replace it
-            shutil.rmtree(target)
-        os.replace(scratch, target)
+        try:
+            # Replaces a missing or empty directory only: a non-empty one fails (ENOTEMPTY).
+            os.replace(scratch, target)
+        except OSError as exc:
+            if not (target / "manifest.json").is_file():
+                raise ExportError(f"{target}: cannot move the finished export there ({exc.strerror}); "
+                                  f"pass an empty or new --export-dir") from exc
+            # Another process finished the same export first: serve that one.
+            shutil.rmtree(scratch, ignore_errors=True)
+            check_export_weights(target, settings)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return target
+
+
+def check_export_target(target: Path) -> None:
+    """A directory to export into must be missing or empty (ExportError otherwise)."""
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"{target}: not a directory; pass a directory for the export (an empty or new one to export into)")
+    if target.is_dir() and any(target.iterdir()):
+        raise ExportError(
+            f"{target}: not empty and has no manifest.json, so it is not an attnserve export; "
+            f"attnserve exports only into an empty or new directory and never deletes files it did not write: "
+            f"pass an empty or new --export-dir, or move the files out of {target}"
+        )
