@@ -6,12 +6,15 @@ headers alone, before its body is read, and streaming stays untouched.
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 
 from starlette.datastructures import MutableHeaders
 
 from service.batching import Timings
 from service.errors import error_response
+
+log = logging.getLogger("attnserve")
 
 UNAUTHENTICATED_PATHS = ("/health",)
 
@@ -94,21 +97,35 @@ class BodyLimitMiddleware:
 
 class BearerAuthMiddleware:
     """When an API key is set, 401 for every route but /health without
-    'Authorization: Bearer <key>'."""
+    'Authorization: Bearer <key>'. The scheme is matched case-insensitively and may be
+    followed by any number of spaces (RFC 7235); the key is compared in constant time."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        if api_key is not None and not api_key.strip():
+            # Settings refuse a blank key; a caller passing one must not get auth turned off.
+            raise ValueError("api_key is empty or blank; pass None to serve without auth")
+        self.expected = api_key.encode() if api_key is not None else None
+        if self.expected is not None:
+            log.info("API key auth is on: every route but %s needs 'Authorization: Bearer <key>'", ", ".join(UNAUTHENTICATED_PATHS))
+
+    def _key(self, scope) -> bytes | None:
+        """The key of the request's Bearer credentials, None without any."""
+        given = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+        if given is None:
+            return None
+        scheme, _, key = given.partition(b" ")
+        return key.lstrip(b" ") if scheme.lower() == b"bearer" else b""
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self.expected is None or scope.get("path") in UNAUTHENTICATED_PATHS:
             return await self.app(scope, receive, send)
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                given = value
-        if not hmac.compare_digest(given, self.expected):
-            message = "missing or wrong API key: send 'Authorization: Bearer <key>'" if given else "missing API key: send 'Authorization: Bearer <key>'"
+        key = self._key(scope)
+        if key is None or not hmac.compare_digest(key, self.expected):
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>'" if key is not None else "missing API key: send 'Authorization: Bearer <key>'"
             response = error_response(scope, 401, message, "unauthorized", headers={"www-authenticate": "Bearer"})
             return await response(scope, receive, send)
         await self.app(scope, receive, send)

@@ -8,6 +8,22 @@ from pydantic import ValidationError
 
 log = logging.getLogger("attnserve")
 
+# Settings whose values never appear in an error message.
+_SECRET_SETTINGS = {"api_key"}
+
+
+def settings_errors(exc: ValidationError) -> str:
+    """One line per invalid setting: its name, what is wrong, and the value given unless it is
+    secret (pydantic's own text shows every input, the API key too)."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        line = f"  {name}: {error['msg']}"
+        if error["loc"] and error["loc"][0] not in _SECRET_SETTINGS:
+            line += f" (got {error['input']!r})"
+        lines.append(line)
+    return "\n".join(lines)
+
 
 def serve_command(args) -> int:
     import uvicorn
@@ -17,7 +33,10 @@ def serve_command(args) -> int:
 
     try:
         settings = settings_from_args(args)
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
+        print("attnserve serve: invalid settings:\n" + settings_errors(exc), file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"attnserve serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.pooling import Pooling
@@ -36,7 +36,8 @@ class Settings(BaseSettings):
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")
-    api_key: SecretStr | None = Field(None, description="if set, every route but /health needs 'Authorization: Bearer <key>'")
+    api_key: SecretStr | None = Field(None, description="if set, every route but /health needs 'Authorization: Bearer <key>' (empty or blank: refused at startup)")
+    api_key_file: Path | None = Field(None, description="read api_key from this file (surrounding whitespace stripped), so the key stays out of the process list and the environment")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
     graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")
     request_timeout: float = Field(300.0, ge=0, description="seconds a request may take from arrival to answer; past it the server stops its work and answers 504 (0: no deadline)")
@@ -62,6 +63,34 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_blank_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty key must not read as "no key": that would serve without auth, silently.
+        # Surrounding whitespace never arrives in a header, so it is not part of the key.
+        if value is None:
+            return None
+        key = value.get_secret_value().strip()
+        if not key:
+            raise ValueError("api_key is empty or blank; set a key, or leave ATTNSERVE_API_KEY / --api-key unset to serve without auth")
+        return SecretStr(key)
+
+    @model_validator(mode="after")
+    def _key_from_file(self) -> "Settings":
+        if self.api_key_file is None:
+            return self
+        if self.api_key is not None:
+            raise ValueError("api_key and api_key_file are both set; set one of them")
+        path = self.api_key_file.expanduser()
+        try:
+            key = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"api_key_file {path}: cannot read it ({exc})") from None
+        if not key:
+            raise ValueError(f"api_key_file {path}: empty; write the key into it, or leave api_key_file unset to serve without auth")
+        self.api_key = SecretStr(key)
+        return self
 
     @field_validator("providers", mode="before")
     @classmethod

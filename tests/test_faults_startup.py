@@ -121,3 +121,122 @@ def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path
     assert ensure_export(Settings(export_dir=target, max_length=512)) == target
     assert json.loads((target / "manifest.json").read_text()) == {"variant": "theirs"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+# -- auth: a key that cannot silently turn off ----------------------------------------------------
+
+KEY = "k3y-from-a-file"
+
+
+def test_blank_api_key_is_a_settings_error(monkeypatch):
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    for blank in ("", "   ", "\t\n"):
+        with pytest.raises(ValidationError, match="api_key is empty or blank"):
+            Settings(api_key=blank)
+        monkeypatch.setenv("ATTNSERVE_API_KEY", blank)
+        with pytest.raises(ValidationError, match="api_key is empty or blank"):
+            Settings()
+    monkeypatch.delenv("ATTNSERVE_API_KEY")
+    assert Settings().api_key is None  # unset: auth off, as documented
+    assert Settings(api_key="  s3cret\n").api_key.get_secret_value() == "s3cret"
+
+
+def test_api_key_file(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    path = tmp_path / "key"
+    path.write_text(f"\n  {KEY}  \n")
+    assert Settings(api_key_file=path).api_key.get_secret_value() == KEY
+    monkeypatch.setenv("ATTNSERVE_API_KEY_FILE", str(path))
+    assert Settings().api_key.get_secret_value() == KEY
+    monkeypatch.delenv("ATTNSERVE_API_KEY_FILE")
+    path.write_text(" \n")
+    with pytest.raises(ValidationError, match=f"api_key_file {path}: empty"):
+        Settings(api_key_file=path)
+    with pytest.raises(ValidationError, match=f"api_key_file {tmp_path / 'nope'}: cannot read it"):
+        Settings(api_key_file=tmp_path / "nope")
+    path.write_text(KEY)
+    with pytest.raises(ValidationError, match="api_key and api_key_file are both set"):
+        Settings(api_key="other", api_key_file=path)
+
+
+def test_serve_refuses_a_blank_or_doubled_key_without_printing_it(tmp_path):
+    for args, env, expected in [
+        ((), {"ATTNSERVE_API_KEY": ""}, "api_key is empty or blank"),
+        (("--api-key", "  "), {}, "api_key is empty or blank"),
+        (("--api-key-file", str(tmp_path / "empty")), {}, "empty; write the key into it"),
+        (("--api-key", "s3cret-on-the-command-line", "--api-key-file", str(tmp_path / "key")), {}, "api_key and api_key_file are both set"),
+    ]:
+        (tmp_path / "empty").write_text("")
+        (tmp_path / "key").write_text(KEY)
+        result = run_serve("--export-dir", str(tmp_path / "unused"), *args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "invalid settings" in result.stderr and expected in result.stderr, result.stderr
+        assert "s3cret-on-the-command-line" not in result.stderr and KEY not in result.stderr
+        assert not (tmp_path / "unused").exists()  # refused before looking for an export
+
+
+def _auth_client(api_key):
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from service.middleware import BearerAuthMiddleware
+
+    async def ok(request):
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/health", ok), Route("/embed", ok, methods=["GET", "POST"])])
+    app.add_middleware(BearerAuthMiddleware, api_key=api_key)
+    return TestClient(app)
+
+
+def test_bearer_scheme_is_case_insensitive_and_the_key_exact(caplog):
+    with caplog.at_level("INFO", logger="attnserve"), _auth_client(KEY) as client:
+        for header in (f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", f"bEaReR {KEY}", f"Bearer    {KEY}"):
+            assert client.get("/embed", headers={"authorization": header}).status_code == 200, header
+        for header in (KEY, f"Bearer{KEY}", f"Basic {KEY}", "Bearer", "Bearer ", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}",
+                       f"Bearer {KEY.upper()}", f"Token {KEY}", ""):
+            r = client.get("/embed", headers={"authorization": header})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", header
+            assert "wrong API key" in r.json()["error"]
+        r = client.get("/embed")
+        assert r.status_code == 401 and "missing API key" in r.json()["error"]
+        assert client.get("/health").status_code == 200
+    on = [r for r in caplog.records if "API key auth is on" in r.getMessage()]
+    assert len(on) == 1 and on[0].levelname == "INFO"
+    assert KEY not in caplog.text
+
+
+def test_no_key_serves_without_auth_and_a_blank_one_is_refused(caplog):
+    with caplog.at_level("INFO", logger="attnserve"), _auth_client(None) as client:
+        assert client.get("/embed").status_code == 200
+    assert "API key auth is on" not in caplog.text
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="empty or blank"), _auth_client(blank) as client:
+            client.get("/embed")
+
+
+def test_fake_server_with_api_key_file(tmp_path):
+    import httpx
+    from http_server import start_fake_server
+
+    path = tmp_path / "api-key"
+    path.write_text(KEY + "\n")
+    proc = start_fake_server("--api-key-file", str(path))
+    try:
+        assert KEY not in Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes().decode(errors="replace")
+        assert httpx.get(proc.url + "/health", timeout=30).status_code == 200
+        assert httpx.post(proc.url + "/embed", json={"inputs": "x"}, timeout=30).status_code == 401
+        r = httpx.post(proc.url + "/embed", json={"inputs": "x"}, headers={"authorization": f"bearer {KEY}"}, timeout=30)
+        assert r.status_code == 200 and len(r.json()[0]) == 384
+        r = httpx.post(proc.url + "/v1/embeddings", json={"input": "x", "model": "m"}, headers={"authorization": "Bearer wrong"}, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    finally:
+        proc.stop()
