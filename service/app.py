@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from service.batching import TokenBudgetBatcher, default_batch_tokens
 from service.errors import install_error_handlers
+from service.lifetime import RequestLifetimeMiddleware
 from service.metrics import ServiceMetrics
 from service.pooling import Pooling
 from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
             max_batch_requests=min(settings.max_batch_requests, int(getattr(runner, "max_batch", settings.max_batch_requests))),
             max_concurrent_requests=settings.max_concurrent_requests,
             on_queue_change=metrics.queue_depth.set,
+            on_batch=metrics.inputs_run.inc,
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
@@ -96,8 +98,10 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
     for module in (embed, chunks, openai, attention, meta):
         app.include_router(module.router)
     install_error_handlers(app)
-    # Added innermost first: timing wraps everything, so refused requests get headers too.
+    # Added innermost first: timing wraps everything, so refused requests get headers too; a
+    # request is authenticated before it takes an admission place.
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    app.add_middleware(RequestLifetimeMiddleware, service_getter=lambda: app.state.service)
     app.add_middleware(BearerAuthMiddleware, api_key=api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(TimingMiddleware, service_getter=lambda: app.state.service)

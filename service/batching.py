@@ -6,6 +6,12 @@ the longest input and to the graph's length multiple) and
 runs each batch on the runner in a single worker thread, so the event loop never blocks and
 the ONNX Runtime session runs one batch at a time. Requests beyond max_concurrent_requests are
 refused at once (`Overloaded`, answered 429) instead of queueing without bound.
+
+Inputs wait in one queue per request, and batches are packed round-robin over requests (the
+request that has had the fewest inputs run goes first), so a request of 64 long documents
+runs one batch at a time beside the others and a short query behind it waits for at most the
+batch in progress, not for all 64. An input whose request was cancelled (its client went away,
+its deadline passed) is dropped before it runs.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-# How far past the oldest waiting input the packer looks for inputs that fit the budget.
+# How many waiting inputs the packer considers for one batch.
 LOOKAHEAD = 256
 
 # Padded tokens per batch when the setting is 0. On a CPU one input of a hundred tokens already
@@ -35,7 +41,11 @@ def default_batch_tokens(provider: str) -> int:
 
 
 class Overloaded(Exception):
-    pass
+    """No place for a request: the server is full (429) or shutting down (503)."""
+
+    def __init__(self, message: str, shutting_down: bool = False):
+        super().__init__(message)
+        self.shutting_down = shutting_down
 
 
 @dataclass
@@ -55,6 +65,7 @@ class _Job:
     ids: list[int]
     future: asyncio.Future
     enqueued: float
+    owner: int  # the request it belongs to (inputs of one request share it)
     attention: tuple[int, int | None] | None = None  # (layer, head) for an attention map
     # From the input's last hidden states (n, hidden) to its answer, run in the inference
     # thread (pooling modes, late chunks, token vectors); None: the graph's sentence embedding.
@@ -69,7 +80,8 @@ class _BatchResult:
 
 
 class TokenBudgetBatcher:
-    def __init__(self, runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None):
+    def __init__(self, runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
+                 on_batch=None):
         self.runner = runner
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
@@ -78,19 +90,23 @@ class TokenBudgetBatcher:
         # the budget counts the tokens that actually run.
         self.length_multiple = max(1, int(getattr(runner, "length_multiple", 1)))
         self.in_flight = 0
-        self._queue: deque[_Job] = deque()
+        # Waiting inputs per request, in arrival order of the requests, and how many inputs of
+        # each request have been put in a batch so far (the round-robin's measure).
+        self._queues: dict[int, deque[_Job]] = {}
+        self._served: dict[int, int] = {}
         self._wakeup = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnserve-inference")
         self._on_queue_change = on_queue_change or (lambda depth: None)
+        self._on_batch = on_batch or (lambda size: None)  # inputs in each batch handed to the runner
 
     # -- admission -------------------------------------------------------------------------
     @contextlib.contextmanager
     def admit(self):
         """Hold one of max_concurrent_requests places for the life of a request."""
         if self._closing:
-            raise Overloaded("the server is shutting down; retry on another instance")
+            raise Overloaded("the server is shutting down; retry on another instance", shutting_down=True)
         if self.in_flight >= self.max_concurrent_requests:
             raise Overloaded(
                 f"the server is at its limit of {self.max_concurrent_requests} concurrent requests; retry later"
@@ -105,7 +121,7 @@ class TokenBudgetBatcher:
     async def embed(self, inputs: list[list[int]], timings: Timings) -> np.ndarray:
         """(len(inputs), hidden) float32: the model's L2-normalised mean-pooled sentence
         embeddings, in input order."""
-        jobs = [self._enqueue(ids) for ids in inputs]
+        jobs = [self._enqueue(ids, id(timings)) for ids in inputs]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
         return np.stack([r[0] for r in results]).astype(np.float32, copy=False)
@@ -114,14 +130,14 @@ class TokenBudgetBatcher:
         """reducers[i](last hidden states of input i, (n_i, hidden) float32) for every input,
         in input order; the inputs are batched like embed()'s and the reducers run in the
         inference thread."""
-        jobs = [self._enqueue(ids, reduce=reduce) for ids, reduce in zip(inputs, reducers)]
+        jobs = [self._enqueue(ids, id(timings), reduce=reduce) for ids, reduce in zip(inputs, reducers)]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
         return [r[0] for r in results]
 
     async def attention(self, ids: list[int], layer: int, head: int | None, timings: Timings):
         """((rows, cols, values), rank_collapse) for one input."""
-        job = self._enqueue(ids, attention=(layer, head))
+        job = self._enqueue(ids, id(timings), attention=(layer, head))
         value, batch = await job.future
         self._account([job], [batch], timings)
         return value
@@ -133,12 +149,18 @@ class TokenBudgetBatcher:
         timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
         timings.batch_sizes.extend(b.size for b in batches)
 
-    def _enqueue(self, ids: list[int], attention=None, reduce=None) -> _Job:
-        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), attention, reduce)
-        self._queue.append(job)
-        self._on_queue_change(len(self._queue))
+    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce)
+        self._queues.setdefault(owner, deque()).append(job)
+        self._served.setdefault(owner, 0)
+        self._on_queue_change(self.queued)
         self._wakeup.set()
         return job
+
+    @property
+    def queued(self) -> int:
+        """Inputs waiting for a batch."""
+        return sum(len(q) for q in self._queues.values())
 
     # -- the loop --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,14 +178,15 @@ class TokenBudgetBatcher:
         loop = asyncio.get_running_loop()
         while True:
             self._drop_cancelled()
-            if not self._queue:
+            if not self._queues:
                 if self._closing:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             batch = self._next_batch()
-            self._on_queue_change(len(self._queue))
+            self._on_queue_change(self.queued)
+            self._on_batch(len(batch))
             started = time.perf_counter()
             try:
                 values = await loop.run_in_executor(self._executor, self._run, batch)
@@ -178,29 +201,53 @@ class TokenBudgetBatcher:
                     job.future.set_result((value, result))
 
     def _drop_cancelled(self) -> None:
-        if any(job.future.done() for job in self._queue):
-            self._queue = deque(job for job in self._queue if not job.future.done())
+        """Forget inputs whose request no longer waits for them (cancelled), and requests with
+        nothing left to run."""
+        dropped = False
+        for owner in list(self._queues):
+            queue = self._queues[owner]
+            if any(job.future.done() for job in queue):
+                queue = self._queues[owner] = deque(job for job in queue if not job.future.done())
+                dropped = True
+            if not queue:
+                del self._queues[owner], self._served[owner]
+        if dropped:
+            self._on_queue_change(self.queued)
+
+    def _candidates(self) -> list[_Job]:
+        """Waiting inputs in round-robin order: the requests by how many of their inputs have
+        run (fewest first, then by arrival), their first inputs, then their second ones, ...;
+        at most LOOKAHEAD of them."""
+        owners = sorted(self._queues, key=lambda o: self._served[o])  # stable: arrival order breaks ties
+        out: list[_Job] = []
+        depth = 0
+        while len(out) < LOOKAHEAD:
+            row = [self._queues[o][depth] for o in owners if len(self._queues[o]) > depth]
+            if not row:
+                break
+            out.extend(row)
+            depth += 1
+        return out[:LOOKAHEAD]
 
     def _next_batch(self) -> list[_Job]:
-        """The oldest waiting input plus later ones while the padded token budget and the
-        batch size allow; attention maps run alone."""
-        first = self._queue.popleft()
-        if first.attention is not None:
-            return [first]
+        """The first input in round-robin order plus the next ones of the same kind while the
+        padded token budget and the batch size allow; attention maps run alone."""
+        candidates = self._candidates()
+        first = candidates[0]
         batch, width = [first], len(first.ids)
-        kept: list[_Job] = []
-        looked = 0
-        while self._queue and len(batch) < self.max_batch_requests and looked < LOOKAHEAD:
-            job = self._queue.popleft()
-            looked += 1
-            new_width = max(width, len(job.ids))
-            same_kind = job.attention is None and (job.reduce is None) == (first.reduce is None)
-            if same_kind and not job.future.done() and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
-                batch.append(job)
-                width = new_width
-            else:
-                kept.append(job)
-        self._queue.extendleft(reversed(kept))
+        if first.attention is None:
+            for job in candidates[1:]:
+                if len(batch) >= self.max_batch_requests:
+                    break
+                new_width = max(width, len(job.ids))
+                same_kind = job.attention is None and (job.reduce is None) == (first.reduce is None)
+                if same_kind and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
+                    batch.append(job)
+                    width = new_width
+        for job in batch:
+            self._queues[job.owner].remove(job)
+            self._served[job.owner] += 1
+        self._drop_cancelled()
         return batch
 
     def padded(self, width: int) -> int:

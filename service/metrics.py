@@ -36,6 +36,9 @@ class ServiceMetrics:
         self.successes = Counter("attnserve_requests_success", "Requests answered with 2xx", labels, registry=self.registry)
         self.failures = Counter("attnserve_requests_failure", "Requests answered with an error", ("route", "variant", "reason"), registry=self.registry)
         self.queue_depth = Gauge("attnserve_queue_inputs", "Inputs waiting for an inference batch", registry=self.registry)
+        self.cancelled = Counter("attnserve_requests_cancelled", "Requests whose work was stopped: client disconnected, deadline, or shutdown",
+                                 ("reason",), registry=self.registry)
+        self.inputs_run = Counter("attnserve_inputs_run", "Inputs handed to the model in a batch", registry=self.registry)
         self.in_flight = Gauge("attnserve_requests_in_flight", "Requests accepted and not yet answered", registry=self.registry)
 
     @staticmethod

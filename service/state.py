@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import Request
 
-from service.batching import Overloaded, Timings, TokenBudgetBatcher
+from service.batching import Timings, TokenBudgetBatcher
 from service.errors import ServiceError
 from service.metrics import ServiceMetrics
 from service.pooling import Pooling
@@ -121,19 +120,3 @@ async def run_attention(service: ServiceState, ids: list[int], layer: int, head:
         return await service.batcher.attention(ids, layer, head, timings)
     except ValueError as exc:
         raise ServiceError(422, str(exc), "validation") from None
-
-
-@contextlib.contextmanager
-def admitted(service: ServiceState):
-    """Hold one of max_concurrent_requests places for the request, or answer 429 at once."""
-    permit = service.batcher.admit()
-    try:
-        permit.__enter__()
-    except Overloaded as exc:
-        raise ServiceError(429, str(exc), "overloaded") from None
-    service.metrics.in_flight.inc()
-    try:
-        yield
-    finally:
-        service.metrics.in_flight.dec()
-        permit.__exit__(None, None, None)

@@ -13,7 +13,7 @@ from service.errors import ServiceError
 from service.rendering import heatmap_png, pool_grid, top_k_per_row
 from service.routes import TEI_ERRORS
 from service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
-from service.state import ServiceState, admitted, get_service, get_timings, run_attention
+from service.state import ServiceState, get_service, get_timings, run_attention
 
 router = APIRouter(tags=["attention"])
 
@@ -30,9 +30,8 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
         raise ServiceError(422, f"layer must be in 0..{service.num_layers - 1} (got {body.layer})", "validation", "layer")
     if body.head is not None and body.head >= service.num_heads:
         raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
-    with admitted(service):
-        (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
-        (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
+    (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
+    (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
     # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
     return await asyncio.to_thread(_render, body, service, tokenized, rows, cols, values, ratios)
 

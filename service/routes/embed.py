@@ -11,7 +11,7 @@ from service.batching import Timings
 from service.errors import ServiceError
 from service.routes import TEI_ERRORS
 from service.schemas import DecodeRequest, EmbedAllRequest, EmbedRequest, SimpleToken, TokenizeRequest
-from service.state import ServiceState, admitted, get_service, get_timings, run_embed, run_reduce
+from service.state import ServiceState, get_service, get_timings, run_embed, run_reduce
 
 router = APIRouter(tags=["text-embeddings-inference"])
 
@@ -21,9 +21,8 @@ async def embed(body: EmbedRequest, service: ServiceState = Depends(get_service)
     """Mean-pooled sentence embeddings of one text or a list of texts."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
-    with admitted(service):
-        tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
-        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
+    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
+    vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
     return JSONResponse(vectors.tolist())
 
 
@@ -32,13 +31,12 @@ async def embed_all(body: EmbedAllRequest, service: ServiceState = Depends(get_s
     """Every token's last hidden state ([CLS] and [SEP] included), not normalised, per input."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
-    with admitted(service):
-        tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
-        total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
-        if total > limit:
-            raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "
-                               "ATTNSERVE_MAX_TOKEN_VECTORS); send fewer or shorter inputs, or use /embed_chunks", "too_long", "inputs")
-        states = await run_reduce(service, [t.ids for t in tokenized], [_json_array] * len(tokenized), timings, "inputs")
+    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")
+    total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
+    if total > limit:
+        raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "
+                           "ATTNSERVE_MAX_TOKEN_VECTORS); send fewer or shorter inputs, or use /embed_chunks", "too_long", "inputs")
+    states = await run_reduce(service, [t.ids for t in tokenized], [_json_array] * len(tokenized), timings, "inputs")
     return Response(b"[" + b",".join(states) + b"]", media_type="application/json")
 
 
@@ -67,8 +65,7 @@ async def tokenize(body: TokenizeRequest, service: ServiceState = Depends(get_se
     """The tokens the model would see for each input."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
-    with admitted(service):
-        tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", body.add_special_tokens)
+    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", body.add_special_tokens)
     return JSONResponse([
         [
             {"id": i, "text": tok, "special": sp, "start": None if sp else a, "stop": None if sp else b}

@@ -11,7 +11,7 @@ from service.errors import ServiceError
 from service.pooling import l2_normalize
 from service.routes import OPENAI_ERRORS
 from service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from service.state import ServiceState, admitted, get_service, get_timings, run_embed
+from service.state import ServiceState, get_service, get_timings, run_embed
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -31,17 +31,16 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
     service.check_input_count(len(texts or id_lists), "input")
     if body.dimensions is not None and body.dimensions > service.hidden_size:
         raise ServiceError(400, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
-    with admitted(service):
-        if texts is not None:
-            tokenized = await service.tokenize(texts, False, timings, "input")
-        else:
-            try:
-                tokenized = service.tokenizer.from_ids(id_lists)
-            except ValueError as exc:
-                code = 413 if "longer than" in str(exc) else 400
-                raise ServiceError(code, str(exc), "too_long" if code == 413 else "validation", "input") from None
-            timings.input_tokens = [len(t) for t in tokenized]
-        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
+    if texts is not None:
+        tokenized = await service.tokenize(texts, False, timings, "input")
+    else:
+        try:
+            tokenized = service.tokenizer.from_ids(id_lists)
+        except ValueError as exc:
+            code = 413 if "longer than" in str(exc) else 400
+            raise ServiceError(code, str(exc), "too_long" if code == 413 else "validation", "input") from None
+        timings.input_tokens = [len(t) for t in tokenized]
+    vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
     if body.dimensions is not None:
         vectors = l2_normalize(vectors[:, : body.dimensions])
     vectors = vectors.astype("<f4", copy=False)
