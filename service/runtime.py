@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
+
 log = logging.getLogger("attnserve")
 
 DEFAULT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -78,22 +80,31 @@ def read_manifest(export_dir: Path) -> dict:
     return manifest
 
 
-def check_files(export_dir: Path, manifest: dict, names) -> None:
-    """Every named file exists and has the size and sha256 manifest.json records."""
+def check_files(export_dir: Path, manifest: dict, names=None) -> None:
+    """Every named file (default: every file manifest.json lists) exists and has the size and
+    sha256 manifest.json records. All sizes are checked before any file is hashed, so a
+    truncated file is named at once."""
     files = manifest["files"]
+    names = list(files if names is None else names)
+    fix = (f"the export is damaged: delete {export_dir} and start `attnserve serve` again to export it anew, "
+           f"or write it again with `attnserve export`")
     for name in names:
         path = export_dir / name
         if name not in files:
-            raise ExportError(f"{path}: not listed in {export_dir / 'manifest.json'}")
+            raise ExportError(f"{path}: not listed in {export_dir / 'manifest.json'}; {fix}")
         if not path.is_file():
-            raise ExportError(f"{path}: missing (manifest.json lists it)")
+            raise ExportError(f"{path}: missing (manifest.json lists it); {fix}")
         expected = files[name]
         size = path.stat().st_size
         if "bytes" in expected and size != expected["bytes"]:
-            raise ExportError(f"{path}: {size} bytes, manifest.json says {expected['bytes']} (file changed or truncated)")
+            raise ExportError(f"{path}: {size} bytes, manifest.json says {expected['bytes']} (file changed or truncated); {fix}")
+    for name in names:
+        path = export_dir / name
+        expected = files[name]
         actual = sha256(path)
         if actual != expected.get("sha256"):
-            raise ExportError(f"{path}: sha256 {actual[:16]}... does not match manifest.json ({str(expected.get('sha256'))[:16]}...)")
+            raise ExportError(f"{path}: sha256 {actual[:16]}... does not match manifest.json "
+                              f"({str(expected.get('sha256'))[:16]}...); {fix}")
 
 
 def _graph_files(manifest: dict, graph: str) -> list[str]:
@@ -121,6 +132,11 @@ class OnnxRunner:
         if not self.export_dir.is_dir():
             raise ExportError(f"{self.export_dir}: export directory does not exist")
         self.manifest = read_manifest(self.export_dir)
+        # Every file, the lazily opened analysis graph and tokenizer.json too, is checked before
+        # serving starts: a damaged export fails here, by name, not in the first requests. The
+        # hashing reads what ONNX Runtime loads next (DEVELOPERS.md gives its cost).
+        graph_files = [name for graph in self.manifest["graphs"] for name in _graph_files(self.manifest, graph)]
+        check_files(self.export_dir, self.manifest, dict.fromkeys([*self.manifest["files"], *graph_files]))
         self.variant: str = self.manifest["variant"]
         self.max_length: int = int(self.manifest["max_length"])
         self.length_multiple: int = int(self.manifest["length_multiple"])
@@ -161,7 +177,6 @@ class OnnxRunner:
         ort = self._ort
         if graph not in self.manifest["graphs"]:
             raise ExportError(f"{self.export_dir / 'manifest.json'}: export has no {graph} graph (exported with --no-analysis?)")
-        check_files(self.export_dir, self.manifest, _graph_files(self.manifest, graph))
         path = self.export_dir / self.manifest["graphs"][graph]["file"]
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
@@ -231,6 +246,10 @@ class OnnxRunner:
         token budget should count)."""
         if n <= self.short_max_length:
             return max(n, self.min_length)
+        return self._granule_length(n)
+
+    def _granule_length(self, n: int) -> int:
+        """n tokens padded to the main and analysis graphs' sequence multiple."""
         return max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
@@ -307,6 +326,18 @@ class OnnxRunner:
         self._check_map_length(int(mask.sum(1).max()))
         return self._pieces(ids, mask, range(self.num_layers) if layers is None else layers)
 
+    def attention_cost(self, n: int, head: int | None = None) -> MapCost:
+        """Upper bounds of what a one-layer map of an n-token text holds (its non-zeros, the
+        bytes of the layer's outputs and their conversion), from the analysis graph's output
+        shapes, before anything runs."""
+        self._require_analysis()
+        session = self._analysis_session()
+        shapes = {o.name: tuple(o.shape) for o in session.get_outputs()}
+        pieces = self.manifest["graphs"]["analysis"]["attention"][0]
+        piece_shapes = [(shapes[p["rows"]], shapes[p["cols"]], shapes[p["probs"]]) for p in pieces]
+        sequence_dim = session.get_inputs()[0].shape[1]
+        return map_cost(piece_shapes, sequence_dim, self._granule_length(n), n, head)
+
     def _require_analysis(self) -> None:
         if "analysis" not in self.manifest["graphs"]:
             raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
@@ -322,30 +353,3 @@ class OnnxRunner:
         names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
         values = iter(self._run(session, names, ids, mask))
         return [[(next(values), next(values), next(values)) for _ in pieces] for pieces in per_layer]
-
-
-def compact_to_coo(pieces, n: int, head: int | None, num_heads: int):
-    """Slot-form attention pieces (rows (B|1,H|1,R), cols (B|1,H|1,R|1,S), probs (B,H,R,S))
-    of batch row 0 -> COO (rows, cols, values) over n tokens, one head or the head mean.
-    numpy twin of models.sparse.to_sparse."""
-    all_rows, all_cols, all_vals = [], [], []
-    for rows, cols, probs in pieces:
-        probs = probs[0]  # (H, R, S)
-        rows, cols = rows[0], cols[0]  # (H|1, R), (H|1, R|1, S)
-        if head is not None:
-            probs = probs[head : head + 1]
-            rows = rows[head : head + 1] if rows.shape[0] > 1 else rows
-            cols = cols[head : head + 1] if cols.shape[0] > 1 else cols
-        rows = np.broadcast_to(rows[:, :, None], probs.shape)
-        cols = np.broadcast_to(cols, probs.shape)
-        keep = (probs != 0) & (rows < n) & (cols >= 0) & (cols < n)
-        all_rows.append(rows[keep])
-        all_cols.append(cols[keep])
-        all_vals.append(probs[keep].astype(np.float64))
-    rows = np.concatenate(all_rows).astype(np.int64)
-    cols = np.concatenate(all_cols).astype(np.int64)
-    vals = np.concatenate(all_vals)
-    keys, inverse = np.unique(rows * n + cols, return_inverse=True)
-    summed = np.bincount(inverse.ravel(), weights=vals, minlength=len(keys))
-    divisor = 1 if head is not None else num_heads
-    return keys // n, keys % n, (summed / divisor).astype(np.float32)

@@ -41,10 +41,14 @@ def serve_command(args) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from service.runtime import ExportError
+    from service.tokenizer import TextTokenizer
 
     try:
         # Before binding the port: a first start may export for minutes.
         runner, export_dir = load_runner(settings)
+        # Loaded here too so that a corrupt tokenizer.json is this message and exit status, not
+        # a traceback from inside uvicorn's startup.
+        TextTokenizer(export_dir / "tokenizer.json", settings.max_length)
     except ExportError as exc:  # a missing, corrupt or mismatched export: its message names the file
         print(f"attnserve serve: {exc}", file=sys.stderr)
         return 2
