@@ -1,24 +1,34 @@
 """Torch-free tokenization from the export's tokenizer.json.
 
-Texts are tokenized whole (no truncation inside the tokenizer) so that a too-long input can
-be refused with its real length; truncation, when asked for, keeps the first
-max_length - 1 tokens and the final [SEP], exactly what the tokenizer's own truncation does
-for a single sequence.
+Texts are tokenized without truncation inside the tokenizer so that a too-long input can be
+refused with its length; truncation, when asked for, keeps the first max_length - 1 tokens
+and the final [SEP], exactly what the tokenizer's own truncation does for a single sequence.
+
+A long text is tokenized only as far as it must be: a prefix of it, cut at whitespace, is
+tokenized first, and grown only while it gives at most max_length tokens. For the BERT
+pipeline (BertNormalizer, BertPreTokenizer, WordPiece) the tokens of such a prefix are
+exactly the first tokens of the whole text: normalisation works character by character,
+whitespace always ends a word, and WordPiece splits each word on its own, so no word before
+the cut can change with what follows it. Once a prefix has more than max_length tokens the
+whole text has too, and the truncated result (ids, tokens, offsets) is the same as the whole
+text's. Other pipelines are tokenized whole.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+from service.runtime import ExportError
 
 
 class InputTooLong(ValueError):
-    def __init__(self, index: int, length: int, max_length: int):
+    def __init__(self, index: int, length: int, max_length: int, at_least: bool = False):
         self.index, self.length, self.max_length = index, length, max_length
         super().__init__(
-            f"input {index} is {length} tokens long, longer than this server's limit of {max_length} tokens "
-            f"([CLS] and [SEP] included); shorten it or send truncate=true"
+            f"input {index} is {'more than ' if at_least else ''}{length} tokens long, longer than this server's limit of "
+            f"{max_length} tokens ([CLS] and [SEP] included); shorten it or send truncate=true"
         )
 
 
@@ -28,35 +38,82 @@ class Tokenized:
     tokens: list[str]
     offsets: list[tuple[int, int]]
     special: list[bool]
-    original_length: int  # before truncation
+    # Tokens before truncation. For a long text of which only a prefix was tokenized, the
+    # prefix's count: a lower bound, and still larger than len(ids), so `truncated` holds.
+    original_length: int
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def truncated(self) -> bool:
+        return self.original_length > len(self.ids)
+
+
+# Characters a text is cut before when only a prefix is tokenized: whitespace to both
+# BertNormalizer (it maps them to a space) and BertPreTokenizer (it splits there).
+_CUT_CHARS = (" ", "\n", "\t", "\r")
+# First prefix tried, in characters per token of max_length: English runs at 4-5, so one
+# prefix nearly always suffices; each shortfall quadruples it.
+_PREFIX_CHARS_PER_TOKEN = 8
+
+
+def _prefix_is_exact(tokenizer: Tokenizer) -> bool:
+    """Whether a prefix cut at whitespace tokenizes to a prefix of the whole text's tokens
+    (see the module docstring): the BERT pipeline, and no added token that holds whitespace
+    or absorbs the whitespace beside it."""
+    if not isinstance(tokenizer.normalizer, normalizers.BertNormalizer):
+        return False
+    if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+        return False
+    if not isinstance(tokenizer.model, models.WordPiece):
+        return False
+    for token in tokenizer.get_added_tokens_decoder().values():
+        if token.lstrip or token.rstrip or token.single_word or any(c.isspace() for c in token.content):
+            return False
+    return True
 
 
 class TextTokenizer:
     def __init__(self, path: str | Path, max_length: int):
         self.path = Path(path)
-        self._tokenizer = Tokenizer.from_file(str(self.path))
+        try:
+            self._tokenizer = Tokenizer.from_file(str(self.path))
+        except Exception as exc:  # tokenizers raises a bare Exception for unreadable or corrupt JSON
+            raise ExportError(f"{self.path}: not a tokenizer the tokenizers library can load ({str(exc).strip()[:300]}); "
+                              f"the export is damaged: delete its directory and start `attnserve serve` again to export it anew, "
+                              f"or write it again with `attnserve export`") from exc
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
         self.max_length = max_length
         self.vocab_size = self._tokenizer.get_vocab_size()
         self.cls_id = self._tokenizer.token_to_id("[CLS]")
         self.sep_id = self._tokenizer.token_to_id("[SEP]")
+        # Texts longer than this many characters are tokenized a prefix at a time (0: never).
+        self.prefix_chars = max_length * _PREFIX_CHARS_PER_TOKEN if _prefix_is_exact(self._tokenizer) else 0
 
     def encode(self, texts: list[str], truncate: bool, add_special_tokens: bool = True) -> list[Tokenized]:
         """Tokenize `texts`; raises InputTooLong for the first text over max_length unless
         `truncate`."""
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        texts = list(texts)
+        encodings: list = [None] * len(texts)
+        whole = []
+        for index, text in enumerate(texts):
+            if self.prefix_chars and len(text) > self.prefix_chars:
+                encodings[index] = self._encode_long(text, add_special_tokens)
+            else:
+                whole.append(index)
+        batch = self._tokenizer.encode_batch([texts[i] for i in whole], add_special_tokens=add_special_tokens)
+        for index, enc in zip(whole, batch):
+            encodings[index] = (enc, True)
         out = []
-        for index, enc in enumerate(encodings):
+        for index, (enc, complete) in enumerate(encodings):
             ids, tokens, offsets = enc.ids, enc.tokens, enc.offsets
             special = [bool(s) for s in enc.special_tokens_mask]
             n = len(ids)
             if n > self.max_length:
                 if not truncate:
-                    raise InputTooLong(index, n, self.max_length)
+                    raise InputTooLong(index, n, self.max_length, at_least=not complete)
                 keep = self.max_length - 1 if add_special_tokens else self.max_length
                 tail = slice(n - 1, n) if add_special_tokens else slice(0, 0)
                 ids = ids[:keep] + ids[tail]
@@ -65,6 +122,19 @@ class TextTokenizer:
                 special = special[:keep] + special[tail]
             out.append(Tokenized(ids, tokens, offsets, special, n))
         return out
+
+    def _encode_long(self, text: str, add_special_tokens: bool):
+        """(encoding, complete): of the shortest prefix tried, cut before whitespace, with more
+        than max_length tokens (complete False), or of the whole text when none has."""
+        chars = self.prefix_chars
+        while chars < len(text):
+            cut = max(text.rfind(c, 0, chars) for c in _CUT_CHARS)
+            if cut > 0:
+                enc = self._tokenizer.encode(text[:cut], add_special_tokens=add_special_tokens)
+                if len(enc.ids) > self.max_length:
+                    return enc, False
+            chars *= 4
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens), True
 
     def decode(self, batches: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         """Text of each id list (ids checked against the vocabulary by the caller)."""

@@ -240,3 +240,174 @@ def test_fake_server_with_api_key_file(tmp_path):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     finally:
         proc.stop()
+
+
+# -- a damaged export is refused at startup, by file name -----------------------------------------
+
+# The end-to-end tests' longformer export (max_length 1024), cached under pytest's cache so that
+# these tests never export.
+from test_http_server import export_dir  # noqa: E402,F401  (the fixture)
+
+
+def damaged_copy(export_dir: Path, tmp_path: Path, name: str) -> Path:
+    """A copy of the export in which `name` is a real file to damage and every other file a
+    symlink to the cached one (the export is 277 MB)."""
+    copy = tmp_path / "export"
+    copy.mkdir()
+    for path in export_dir.iterdir():
+        if path.name in (name, "manifest.json"):
+            shutil.copyfile(path, copy / path.name)
+        else:
+            (copy / path.name).symlink_to(path)
+    return copy
+
+
+def rewrite_manifest_to_match(copy: Path, name: str) -> None:
+    """What someone editing both a file and the manifest would leave: the record matches."""
+    from service.runtime import sha256
+
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"][name] = {"sha256": sha256(copy / name), "bytes": (copy / name).stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_truncated_analysis_graph_is_refused_at_startup(export_dir, tmp_path):
+    from service.runtime import ExportError, OnnxRunner
+
+    copy = damaged_copy(export_dir, tmp_path, "analysis.onnx")
+    size = (copy / "analysis.onnx").stat().st_size
+    with open(copy / "analysis.onnx", "r+b") as f:
+        f.truncate(size // 2)
+    expected = f"{copy / 'analysis.onnx'}: {size // 2} bytes, manifest.json says {size} (file changed or truncated)"
+    with pytest.raises(ExportError) as caught:
+        OnnxRunner(copy)
+    assert expected in str(caught.value) and f"delete {copy}" in str(caught.value)
+    result = run_serve("--export-dir", str(copy), "--max-length", "1024")
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    # The same size with other bytes is caught by its sha256.
+    with open(copy / "analysis.onnx", "r+b") as f:
+        f.truncate(size)
+    with pytest.raises(ExportError, match=r"analysis\.onnx: sha256 .* does not match manifest\.json"):
+        OnnxRunner(copy)
+
+
+def test_corrupt_tokenizer_is_refused_at_startup_by_name(export_dir, tmp_path):
+    from service.runtime import ExportError, OnnxRunner
+    from service.tokenizer import TextTokenizer
+
+    copy = damaged_copy(export_dir, tmp_path, "tokenizer.json")
+    tokenizer = copy / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes()[:1000])
+    with pytest.raises(ExportError, match=r"tokenizer\.json: 1000 bytes, manifest\.json says"):
+        OnnxRunner(copy)
+    result = run_serve("--export-dir", str(copy), "--max-length", "1024")
+    assert result.returncode == 2 and f"{tokenizer}: 1000 bytes" in result.stderr, result.stderr
+    # With a manifest that matches it, the tokenizer itself refuses it, naming the file.
+    rewrite_manifest_to_match(copy, "tokenizer.json")
+    with pytest.raises(ExportError, match=rf"{tokenizer}: not a tokenizer the tokenizers library can load"):
+        TextTokenizer(tokenizer, 1024)
+    result = run_serve("--export-dir", str(copy), "--max-length", "1024", "--providers", "CPUExecutionProvider")
+    assert result.returncode == 2, result.stderr
+    assert f"{tokenizer}: not a tokenizer the tokenizers library can load" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- truncate: a long text is tokenized only as far as it must be ---------------------------------
+
+def _tokenizers(max_length: int):
+    """(the server's tokenizer, one that always tokenizes whole texts: the reference)."""
+    from http_fakes import tokenizer_json
+
+    from service.tokenizer import TextTokenizer
+
+    fast, whole = TextTokenizer(tokenizer_json(), max_length), TextTokenizer(tokenizer_json(), max_length)
+    assert fast.prefix_chars > 0  # the shipped tokenizer is the BERT pipeline the prefix is exact for
+    whole.prefix_chars = 0
+    return fast, whole
+
+
+# Pieces where a cut could go wrong: words longer than WordPiece's 100-character limit (one
+# [UNK] whole, pieces when cut), runs of spaces and other whitespace, accents and combining
+# marks (stripped by normalisation), CJK (split per character), emoji, right-to-left script,
+# control and zero-width characters (removed), special tokens written in the text, punctuation.
+_PIECES = ["the", "quick", "brown", "fox", "naïve", "café", "e\u0301te\u0301", "東京都", "한국어", "مرحبا", "😀👍🏽", "ﬁne",
+           "[SEP]", "[MASK]", "hello,", "world!", "(x)", "¿qué?", "\x00", "\u200b", "\ufffd", "a-b_c", "12,345.67"]
+
+
+def _text(rng, size: int) -> str:
+    parts, length = [], 0
+    while length < size:
+        r = rng.random()
+        if r < 0.04:
+            part = rng.choice("xé東") * rng.randint(90, 400)
+        elif r < 0.08:
+            part = " " * rng.randint(2, 300)
+        elif r < 0.1:
+            part = rng.choice(["\n", "\t", "\r\n", "\u3000", "\xa0"])
+        else:
+            part = rng.choice(_PIECES)
+        part += rng.choice([" ", " ", " ", "\n", "  ", ""])
+        parts.append(part)
+        length += len(part)
+    return "".join(parts)
+
+
+def _same(a, b) -> bool:
+    return (a.ids, a.tokens, a.offsets, a.special) == (b.ids, b.tokens, b.offsets, b.special)
+
+
+@pytest.mark.parametrize("max_length", [16, 128, 512])
+def test_truncating_a_prefix_equals_truncating_the_whole_text(max_length):
+    import random
+
+    fast, whole = _tokenizers(max_length)
+    rng = random.Random(max_length)
+    texts = [_text(rng, rng.choice([1, 2, 4, 16, 64]) * fast.prefix_chars) for _ in range(60)]
+    # Whitespace only early, none at all, and whitespace-heavy texts that need the prefix grown.
+    texts += ["word " * 3 + "x" * fast.prefix_chars * 5, "y" * fast.prefix_chars * 3, ("a" + " " * 30) * fast.prefix_chars,
+              " " * fast.prefix_chars * 2 + "late words " * max_length]
+    for add_special_tokens in (True, False):
+        got = fast.encode(texts, truncate=True, add_special_tokens=add_special_tokens)
+        expected = whole.encode(texts, truncate=True, add_special_tokens=add_special_tokens)
+        for index, (a, b) in enumerate(zip(got, expected)):
+            assert _same(a, b), (max_length, add_special_tokens, index)
+            # original_length: exact when the whole text was tokenized, else a lower bound that
+            # still says the text was cut.
+            assert a.original_length <= b.original_length and a.truncated == b.truncated
+
+
+def test_a_long_text_is_tokenized_only_in_part():
+    fast, whole = _tokenizers(512)
+    seen: list[int] = []
+    inner = fast._tokenizer
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def encode(self, text, **kw):
+            seen.append(len(text))
+            return inner.encode(text, **kw)
+
+        def encode_batch(self, texts, **kw):
+            seen.extend(len(t) for t in texts)
+            return inner.encode_batch(texts, **kw)
+
+    fast._tokenizer = Recording()
+    text = "a long document about nothing in particular. " * 200_000  # 9 MB
+    (cut,) = fast.encode([text], truncate=True)
+    assert max(seen) <= fast.prefix_chars < len(text) // 1000
+    (reference,) = whole.encode([text[: 100 * fast.prefix_chars]], truncate=True)
+    assert _same(cut, reference) and len(cut) == 512 and cut.truncated
+    # Without truncate it is refused from the prefix alone, with a length the text has at least.
+    from service.tokenizer import InputTooLong
+
+    seen.clear()
+    with pytest.raises(InputTooLong, match=r"input 1 is more than \d+ tokens long") as caught:
+        fast.encode(["fits", text], truncate=False)
+    assert 512 < caught.value.length and caught.value.index == 1 and max(seen) <= fast.prefix_chars
+    # A text longer than the first prefix that still fits is tokenized whole and served whole.
+    spaced = "word" + " " * (fast.prefix_chars * 3) + "end"
+    (ok,) = fast.encode([spaced], truncate=False)
+    assert ok.tokens == ["[CLS]", "word", "end", "[SEP]"] and not ok.truncated
