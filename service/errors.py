@@ -3,11 +3,17 @@
 Routes under /v1/ answer in OpenAI's form {"error": {"message", "type", "param", "code"}};
 every other route in text-embeddings-inference's form {"error": str, "error_type": str}.
 Each error records a short `reason` that the failure counter in /metrics is labelled by.
+
+One status per kind of mistake (service/README.md's error table lists every one): 400 for a
+body that is not JSON (or cannot be parsed as such), 422 for a JSON body whose values the
+schema refuses or that are out of this deployment's range, 413 for what is over a size limit.
+The status always follows from the exception's type, never from its text.
 """
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +36,8 @@ _TEI_TYPES = {
     "not_found": "NotFound",
     "method_not_allowed": "NotFound",
     "unhealthy": "Unhealthy",
+    "shutting_down": "Unhealthy",
+    "deadline": "Backend",
     "backend": "Backend",
 }
 # OpenAI's error type for each reason.
@@ -38,6 +46,8 @@ _OPENAI_TYPES = {
     "unauthorized": "authentication_error",
     "backend": "server_error",
     "unhealthy": "server_error",
+    "shutting_down": "server_error",
+    "deadline": "server_error",
     "not_found": "not_found_error",
 }
 _OPENAI_CODES = {
@@ -132,12 +142,28 @@ def install_error_handlers(app: FastAPI) -> None:
         if state.get("body_too_large"):
             return error_response(request.scope, 413, state["body_too_large"], "body_too_large")
         reason = {404: "not_found", 405: "method_not_allowed", 400: "invalid_json"}.get(exc.status_code, "validation")
-        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        if exc.status_code == 400 and "parsing the body" in detail:
-            detail = "the body could not be parsed: send UTF-8 JSON with Content-Type: application/json"
+        detail = _unparsable_body(exc.__cause__) if exc.status_code == 400 else None
+        if detail is None:
+            detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(request.scope, exc.status_code, detail, reason, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        log.exception("unexpected error on %s", request.url.path)
-        return error_response(request.scope, 500, f"internal error: {type(exc).__name__}: {exc}", "backend")
+        # The details (exception text, file names) stay in the log, under an id the client can quote.
+        request_id = uuid.uuid4().hex[:16]
+        log.error("request %s: unexpected error on %s", request_id, request.url.path, exc_info=exc)
+        return error_response(request.scope, 500, f"internal server error (request id {request_id}); "
+                              "the server's log has the details under that id", "backend", headers={"x-request-id": request_id})
+
+
+def _unparsable_body(cause: BaseException | None) -> str | None:
+    """What to change about a body FastAPI could not parse, from the parser's exception (FastAPI
+    raises its 400 from it); None when the 400 has another cause."""
+    if isinstance(cause, RecursionError):
+        return ("the body nests arrays or objects too deeply to parse; no route takes more than 4 levels "
+                "(/embed_chunks spans for a list of texts): send the body as its schema in /openapi.json has it")
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 (byte {cause.start} cannot be decoded): send UTF-8 JSON with Content-Type: application/json"
+    if cause is not None:
+        return "the body could not be parsed: send UTF-8 JSON with Content-Type: application/json"
+    return None

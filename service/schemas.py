@@ -1,15 +1,27 @@
-"""Pydantic models for every request and response body."""
+"""Pydantic models for every request and response body.
+
+The OpenAPI schema states what each route accepts, so that a request the schema allows is
+answered 2xx (or a limit it documents: 413, 429) and one it forbids is refused with 422. Bounds
+that only the loaded model and the settings know (vocabulary, hidden size, layers, heads, inputs
+per request) are marked here with `x-deployment-maximum` / `x-deployment-maxItems` and filled in
+by `fill_deployment_bounds` once the service has loaded; the routes check the same bounds.
+"""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+# A text needs one character that is neither whitespace nor NUL; Python's `\s` (what the
+# validator below strips) and the schema's pattern agree on every code point.
+TEXT_PATTERN = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
 
 
 def _check_text(text: str) -> str:
-    """Refuse what no tokenizer should see: empty strings, NUL characters, lone surrogates."""
-    if text == "":
-        raise ValueError("empty string: send at least one character")
+    """Refuse what no tokenizer should see: empty or whitespace-only text, NUL characters,
+    lone surrogates."""
+    if not text.strip():
+        raise ValueError(f"{'empty string' if not text else 'only whitespace'}: send text with at least one character that is not whitespace")
     nul = text.find("\x00")
     if nul >= 0:
         raise ValueError(f"NUL character (U+0000) at position {nul}: remove it")
@@ -23,8 +35,55 @@ def _check_text(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(_check_text)]
-TextOrTexts = Annotated[Text | Annotated[list[Text], Field(min_length=1)], Field(description="one text or a non-empty list of texts")]
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: take it as 3 (3.5 still fails as not an integer)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def deployment_maximum(bound: str) -> dict:
+    """Schema marker: this integer's maximum is the deployment's `bound`."""
+    return {"x-deployment-maximum": bound}
+
+
+def deployment_max_items(bound: str) -> dict:
+    """Schema marker: this list's maxItems is the deployment's `bound`."""
+    return {"x-deployment-maxItems": bound}
+
+
+_MARKERS = {"x-deployment-maximum": "maximum", "x-deployment-maxItems": "maxItems"}
+
+
+def fill_deployment_bounds(schema: Any, bounds: dict[str, int]) -> Any:
+    """Replace every deployment marker in `schema` (in place) by its keyword with the value
+    `bounds` names; idempotent, as the markers are gone once filled."""
+    if isinstance(schema, dict):
+        for marker, keyword in _MARKERS.items():
+            if marker in schema:
+                schema[keyword] = bounds[schema.pop(marker)]
+        for value in schema.values():
+            fill_deployment_bounds(value, bounds)
+    elif isinstance(schema, list):
+        for value in schema:
+            fill_deployment_bounds(value, bounds)
+    return schema
+
+
+def _int(**field) -> Any:
+    """An integer field type, its bounds in the schema (constraints before the validator, or
+    pydantic writes `ge` instead of `minimum`)."""
+    return Annotated[int, Field(**field), BeforeValidator(_integral)]
+
+
+Int = _int()
+Text = Annotated[
+    str,
+    AfterValidator(_check_text),
+    Field(json_schema_extra={"minLength": 1, "pattern": TEXT_PATTERN}, description="at least one character that is not whitespace; no NUL"),
+]
+Texts = Annotated[list[Text], Field(min_length=1, json_schema_extra=deployment_max_items("max_inputs"))]
+TextOrTexts = Annotated[Text | Texts, Field(description="one text or a non-empty list of texts (at most max_client_batch_size)")]
 
 
 class _Strict(BaseModel):
@@ -38,14 +97,15 @@ class EmbedRequest(_Strict):
     normalize: bool = Field(True, description="L2-normalised embeddings; false returns the mean-pooled hidden states as they are")
 
 
-Span = Annotated[list[int], Field(min_length=2, max_length=2, description="[start_char, end_char): Python string indices (Unicode code points)")]
+Span = Annotated[list[_int(ge=0)], Field(min_length=2, max_length=2, description="[start_char, end_char): Python string indices (Unicode code points)")]
+Spans = Annotated[list[Span], Field(min_length=1)]
 
 
 class EmbedChunksRequest(_Strict):
     inputs: TextOrTexts
-    chunk_tokens: int = Field(256, ge=1, description="document tokens per chunk ([CLS] and [SEP] join the first and last chunk)")
-    overlap_tokens: int = Field(0, ge=0, description="tokens each chunk shares with the one before; less than chunk_tokens")
-    spans: list[Span] | list[list[Span]] | None = Field(
+    chunk_tokens: Int = Field(256, ge=1, description="document tokens per chunk ([CLS] and [SEP] join the first and last chunk)")
+    overlap_tokens: Int = Field(0, ge=0, description="tokens each chunk shares with the one before; less than chunk_tokens")
+    spans: Spans | Annotated[list[Spans], Field(min_length=1, json_schema_extra=deployment_max_items("max_inputs"))] | None = Field(
         None,
         description="your own chunk boundaries instead of chunk_tokens: [[start_char, end_char], ...] for one input, "
         "one such list per input for a list; in order, not overlapping, each holding at least one token",
@@ -59,7 +119,7 @@ class EmbedChunksRequest(_Strict):
             raise ValueError(f"overlap_tokens ({self.overlap_tokens}) must be less than chunk_tokens ({self.chunk_tokens})")
         if self.spans is not None:
             one_text = isinstance(self.inputs, str)
-            nested = bool(self.spans) and isinstance(self.spans[0][0], list)
+            nested = isinstance(self.spans[0][0], list)
             if one_text and nested:
                 raise ValueError("inputs is one text, so spans is one list of [start_char, end_char] pairs")
             if not one_text and (not nested or len(self.spans) != len(self.inputs)):
@@ -85,11 +145,13 @@ class EmbedAllRequest(_Strict):
     truncate: bool = False
 
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = _int(ge=0, json_schema_extra=deployment_maximum("vocab_max"), description="0 .. vocabulary size - 1")
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+TokenIdLists = Annotated[list[TokenIds], Field(min_length=1, json_schema_extra=deployment_max_items("max_inputs"))]
 
 
 class DecodeRequest(_Strict):
-    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    ids: TokenIds | TokenIdLists
     skip_special_tokens: bool = True
 
 
@@ -108,17 +170,18 @@ class SimpleToken(BaseModel):
 
 
 # -- OpenAI embeddings -----------------------------------------------------------------------
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Dimensions = _int(ge=1, json_schema_extra=deployment_maximum("hidden_size"))
 
 
 class OpenAIEmbeddingRequest(_Strict):
     input: Annotated[
-        Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)],
+        Text | Texts | TokenIds | TokenIdLists,
         Field(description="a text, a list of texts, a list of token ids, or a list of token-id lists"),
     ]
     model: str = Field(description="any name; the answer names the model this server runs")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, description="keep the first `dimensions` values, renormalised")
+    dimensions: Dimensions | None = Field(
+        None, description="keep the first `dimensions` values (1 .. hidden size), renormalised")
     user: str | None = None
 
 
@@ -141,13 +204,18 @@ class OpenAIEmbeddingResponse(BaseModel):
 
 
 # -- attention maps --------------------------------------------------------------------------
+Head = _int(ge=0, json_schema_extra=deployment_maximum("head_max"))
+PositiveInt = _int(ge=1)
+
+
 class AttentionRequest(_Strict):
     inputs: Text
-    layer: int = Field(ge=0, description="0 .. num_layers - 1 (see /info)")
-    head: int | None = Field(None, ge=0, description="0 .. num_heads - 1, or null for the mean over heads")
+    layer: Int = Field(ge=0, json_schema_extra=deployment_maximum("layer_max"), description="0 .. num_layers - 1 (see /info)")
+    head: Head | None = Field(
+        None, description="0 .. num_heads - 1, or null for the mean over heads")
     format: Literal["sparse", "grid", "png"] = "sparse"
-    max_cells: int = Field(64, ge=1, le=2048, description="grid and png: at most this many cells per side")
-    top_k: int | None = Field(None, ge=1, description="sparse: keep the k largest weights of each query")
+    max_cells: Int = Field(64, ge=1, le=2048, description="grid and png: at most this many cells per side")
+    top_k: PositiveInt | None = Field(None, description="sparse: keep the k largest weights of each query")
     truncate: bool = False
 
 

@@ -87,7 +87,7 @@ def test_normalize_false_and_truncate(client):
     ({"spans": [[0, 10], [10, 99999]]}, "outside the text"),
     ({"spans": [[4, 4]]}, "empty"),
     ({"spans": [[-1, 4]]}, "spans"),
-    ({"spans": []}, "spans is empty"),
+    ({"spans": []}, "spans: List should have at least 1 item"),
     ({"spans": [[0, 1, 2]]}, "spans"),
     ({"spans": [[[0, 4]]]}, "one list of [start_char, end_char] pairs"),
     ({"spans": [[0, 5], [5, 6]]}, "holds no token"),

@@ -115,8 +115,8 @@ def test_openai_errors_have_openai_shape(client):
         ({"input": "x" * 10 + " word" * 300, "model": "m"}, 413, "input"),
         ({"input": [], "model": "m"}, 422, "input"),
         ({"input": "x"}, 422, "model"),
-        ({"input": "x", "model": "m", "dimensions": 1000}, 400, "dimensions"),
-        ({"input": [[999999999]], "model": "m"}, 400, "input"),
+        ({"input": "x", "model": "m", "dimensions": 1000}, 422, "dimensions"),
+        ({"input": [[999999999]], "model": "m"}, 422, "input"),
     ]:
         r = client.post("/v1/embeddings", json=body)
         assert r.status_code == status, (body, r.text)

@@ -12,6 +12,7 @@ from service.pooling import l2_normalize
 from service.routes import OPENAI_ERRORS
 from service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from service.state import ServiceState, get_service, get_timings, run_embed
+from service.tokenizer import InputTooLong
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -30,15 +31,19 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
         texts, id_lists = None, raw
     service.check_input_count(len(texts or id_lists), "input")
     if body.dimensions is not None and body.dimensions > service.hidden_size:
-        raise ServiceError(400, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
+        raise ServiceError(422, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
+    vocab = service.tokenizer.vocab_size
+    for index, ids in enumerate(id_lists or ()):
+        bad = next((i for i in ids if i >= vocab), None)
+        if bad is not None:
+            raise ServiceError(422, f"input {index} has token id {bad}, outside the vocabulary 0..{vocab - 1}", "validation", "input")
     if texts is not None:
         tokenized = await service.tokenize(texts, False, timings, "input")
     else:
         try:
             tokenized = service.tokenizer.from_ids(id_lists)
-        except ValueError as exc:
-            code = 413 if "longer than" in str(exc) else 400
-            raise ServiceError(code, str(exc), "too_long" if code == 413 else "validation", "input") from None
+        except InputTooLong as exc:
+            raise ServiceError(413, str(exc), "too_long", "input") from None
         timings.input_tokens = [len(t) for t in tokenized]
     vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
     if body.dimensions is not None:
