@@ -12,9 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-# A text needs one character that is neither whitespace nor NUL; Python's `\s` (what the
-# validator below strips) and the schema's pattern agree on every code point.
-TEXT_PATTERN = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+# A text needs one character that is neither whitespace nor NUL. The whitespace is Python's
+# (str.isspace, what the validator below strips), spelled out because ECMA's, Rust's and
+# Python's `\s` differ, so that every regex engine reads the pattern as the validator does.
+_SPACE = r"\t-\r\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+TEXT_PATTERN = rf"^[^\u0000]*[^\u0000{_SPACE}][^\u0000]*$"
 
 
 def _check_text(text: str) -> str:

@@ -6,8 +6,11 @@ Bounded: one request per case, 30 s each."""
 from __future__ import annotations
 
 import logging
+import re
+import sys
 
 import httpx
+import jsonschema_rs
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -15,6 +18,7 @@ from http_fakes import FakeRunner, tokenizer_json
 from http_server import start_fake_server
 
 from service.app import create_app
+from service.schemas import TEXT_PATTERN, Text
 from service.settings import Settings
 
 MAX_LENGTH = 512
@@ -157,3 +161,26 @@ def test_a_500_names_a_request_id_and_no_path_or_exception(caplog):
     assert request_id in message
     logged = [rec for rec in caplog.records if request_id in rec.getMessage()]
     assert logged and "model.onnx" in str(logged[0].exc_info[1])
+
+
+def test_the_text_pattern_says_what_the_validator_does():
+    """For every code point (lone surrogates aside: no JSON text carries one that the schema
+    could speak of), Python's and jsonschema-rs's reading of the schema's pattern accept
+    exactly the one-character texts the validator accepts."""
+    from pydantic import TypeAdapter, ValidationError
+
+    validate = TypeAdapter(Text).validate_python
+    rust = jsonschema_rs.validator_for({"type": "string", "pattern": TEXT_PATTERN})
+    disagree = []
+    for code in range(sys.maxunicode + 1):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        text = chr(code)
+        try:
+            accepted = validate(text) == text
+        except ValidationError:
+            accepted = False
+        if accepted != bool(re.search(TEXT_PATTERN, text)) or accepted != rust.is_valid(text):
+            disagree.append(hex(code))
+    assert not disagree, disagree[:20]
+    assert validate(" a\n") and rust.is_valid(" a\n") and not rust.is_valid(" \u3000\t")
