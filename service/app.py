@@ -16,7 +16,7 @@ from service.lifetime import RequestLifetimeMiddleware
 from service.metrics import ServiceMetrics
 from service.pooling import Pooling
 from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
-from service.routes import attention, chunks, embed, meta, openai
+from service.routes import attention, chunks, embed, install_deployment_schema, meta, openai
 from service.settings import VERSION, Settings
 from service.state import ServiceState
 from service.tokenizer import TextTokenizer
@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
             max_concurrent_requests=settings.max_concurrent_requests,
             on_queue_change=metrics.queue_depth.set,
             on_batch=metrics.inputs_run.inc,
+            max_queued_tokens=settings.max_queued_tokens,
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
     app.state.service = None
     for module in (embed, chunks, openai, attention, meta):
         app.include_router(module.router)
+    install_deployment_schema(app)
     install_error_handlers(app)
     # Added innermost first: timing wraps everything, so refused requests get headers too; a
     # request is authenticated before it takes an admission place.

@@ -48,6 +48,10 @@ class Overloaded(Exception):
         self.shutting_down = shutting_down
 
 
+class RequestTooLarge(Exception):
+    """A request with more tokens than the whole queue may hold (413: it can never fit)."""
+
+
 @dataclass
 class Timings:
     """What one request spent at each hop, in seconds; filled by the route and the batcher and
@@ -81,11 +85,14 @@ class _BatchResult:
 
 class TokenBudgetBatcher:
     def __init__(self, runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
-                 on_batch=None):
+                 on_batch=None, max_queued_tokens: int = 0):
         self.runner = runner
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_concurrent_requests = max_concurrent_requests
+        # Padded tokens the queue may hold (0: no bound), so that the work accepted can finish
+        # within a graceful shutdown and a burst cannot queue without end.
+        self.max_queued_tokens = max_queued_tokens
         # The runner pads a batch to a multiple of its graph's granule (OnnxRunner.length_multiple):
         # the budget counts the tokens that actually run.
         self.length_multiple = max(1, int(getattr(runner, "length_multiple", 1)))
@@ -121,6 +128,7 @@ class TokenBudgetBatcher:
     async def embed(self, inputs: list[list[int]], timings: Timings) -> np.ndarray:
         """(len(inputs), hidden) float32: the model's L2-normalised mean-pooled sentence
         embeddings, in input order."""
+        self._reserve(inputs)
         jobs = [self._enqueue(ids, id(timings)) for ids in inputs]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
@@ -130,6 +138,7 @@ class TokenBudgetBatcher:
         """reducers[i](last hidden states of input i, (n_i, hidden) float32) for every input,
         in input order; the inputs are batched like embed()'s and the reducers run in the
         inference thread."""
+        self._reserve(inputs)
         jobs = [self._enqueue(ids, id(timings), reduce=reduce) for ids, reduce in zip(inputs, reducers)]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
@@ -137,6 +146,7 @@ class TokenBudgetBatcher:
 
     async def attention(self, ids: list[int], layer: int, head: int | None, timings: Timings):
         """((rows, cols, values), rank_collapse) for one input."""
+        self._reserve([ids])
         job = self._enqueue(ids, id(timings), attention=(layer, head))
         value, batch = await job.future
         self._account([job], [batch], timings)
@@ -156,6 +166,20 @@ class TokenBudgetBatcher:
         self._on_queue_change(self.queued)
         self._wakeup.set()
         return job
+
+    def _reserve(self, inputs: list[list[int]]) -> None:
+        """Refuse a request the queue cannot take: RequestTooLarge if it alone is over
+        max_queued_tokens, Overloaded while the queue is too full for it."""
+        if not self.max_queued_tokens:
+            return
+        tokens = sum(self.padded(len(ids)) for ids in inputs)
+        if tokens > self.max_queued_tokens:
+            raise RequestTooLarge(f"this request is {tokens} tokens once padded, more than this server queues at once "
+                                  f"({self.max_queued_tokens}, ATTNSERVE_MAX_QUEUED_TOKENS); split it or send shorter inputs")
+        waiting = sum(self.padded(len(job.ids)) for queue in self._queues.values() for job in queue)
+        if waiting + tokens > self.max_queued_tokens:
+            raise Overloaded(f"the queue holds {waiting} of its {self.max_queued_tokens} tokens, too many to take this request's "
+                             f"{tokens}; retry later")
 
     @property
     def queued(self) -> int:

@@ -226,27 +226,39 @@ def _interleaved_latency(runner, url: str, tokenizer, text: str, reps: int) -> t
 
 
 async def _closed_loop(url: str, texts: list[str], clients: int, duration: float, path="/embed", payload=None,
-                       backoff: float = 0.05) -> dict:
-    """`clients` workers each POST back to back until `duration` is over; then wait for the
-    requests in flight. Returns counts and latencies."""
+                       backoff: float = 0.05, abandon: float = 0.0, max_requests: int = 0) -> dict:
+    """`clients` workers each POST back to back until `duration` is over (or max_requests have
+    been sent, 0: no bound); then wait for the requests in flight. A fraction `abandon` of
+    the requests are given up by their client after 0.05 to 1 s (it closes the connection, as
+    an impatient client does). Returns counts and latencies."""
     import httpx
 
     results: list[tuple[int, float]] = []
     errors: list[str] = []
+    abandoned = 0
+    sent = 0
     stop_at = time.perf_counter() + duration
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
     async def worker(i: int, client):
+        nonlocal abandoned, sent
         rng = random.Random(i)
-        while time.perf_counter() < stop_at:
+        while time.perf_counter() < stop_at and (not max_requests or sent < max_requests):
+            sent += 1
             text = rng.choice(texts)
             body = payload(text) if payload else {"inputs": text}
+            gives_up = rng.random() < abandon
             t = time.perf_counter()
             try:
-                r = await client.post(url + path, json=body)
+                r = await client.post(url + path, json=body, timeout=rng.uniform(0.05, 1.0) if gives_up else 600)
                 results.append((r.status_code, time.perf_counter() - t))
                 if r.status_code == 429:  # the server is full: wait a little, as a client should
                     await asyncio.sleep(backoff)
+            except httpx.TimeoutException as exc:
+                if gives_up:
+                    abandoned += 1
+                else:
+                    errors.append(repr(exc))
             except httpx.HTTPError as exc:
                 errors.append(repr(exc))
 
@@ -255,7 +267,19 @@ async def _closed_loop(url: str, texts: list[str], clients: int, duration: float
         await asyncio.gather(*(worker(i, client) for i in range(clients)))
     elapsed = time.perf_counter() - started
     ok = [s for code, s in results if code == 200]
-    return {"elapsed": elapsed, "ok": len(ok), "results": results, "errors": errors, "rps": len(ok) / elapsed, "latencies": ok}
+    return {"elapsed": elapsed, "ok": len(ok), "results": results, "errors": errors, "rps": len(ok) / elapsed, "latencies": ok,
+            "abandoned": abandoned}
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc), 0 where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _merge(runs: list[dict]) -> dict:
@@ -332,13 +356,15 @@ def _scrape(url: str) -> dict:
     import httpx
 
     text = httpx.get(url + "/metrics", timeout=30).text
-    total = count = 0.0
+    total = count = cancelled = 0.0
     for line in text.splitlines():
         if line.startswith("attnserve_batch_size_sum") and 'route="/embed"' in line:
             total += float(line.split()[-1])
         elif line.startswith("attnserve_batch_size_count") and 'route="/embed"' in line:
             count += float(line.split()[-1])
-    return {"mean_batch": total / count if count else None}
+        elif line.startswith('attnserve_requests_cancelled_total{reason="disconnect"}'):
+            cancelled = float(line.split()[-1])
+    return {"mean_batch": total / count if count else None, "cancelled": cancelled}
 
 
 # -- bench load --------------------------------------------------------------------------------
@@ -346,16 +372,25 @@ def configure_bench_load(parser) -> None:
     _common_arguments(parser, 8192)
     parser.add_argument("--url", default=None, help="load this running server instead of starting one")
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--duration", type=float, default=None, help="seconds of load (default 60, soak 600)")
     parser.add_argument("--min-tokens", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--documents", type=int, default=64, help="distinct documents to draw from")
     parser.add_argument("--server-flag", action="append", default=[], help="extra `attnserve serve` flag for the started server, e.g. --server-flag=--max-concurrent-requests=16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backoff", type=float, default=0.25, help="seconds a client waits after a 429")
+    parser.add_argument("--soak", action="store_true",
+                        help="soak test: --duration defaults to 600 s, --abandon to 0.2; checks that every request was answered or given up "
+                             "by its own client, that nothing stays queued, and that the server's RSS at the end is within 20%% of its "
+                             "RSS after warm-up")
+    parser.add_argument("--abandon", type=float, default=None, help="fraction of requests their client gives up after 0.05-1 s (default 0, soak 0.2)")
+    parser.add_argument("--warmup", type=float, default=60.0, help="soak: seconds of load before the reference RSS is taken")
+    parser.add_argument("--max-requests", type=int, default=0, help="stop sending after this many requests (0: only --duration bounds the run)")
 
 
 def bench_load(args) -> int:
+    from tqdm import tqdm
+
     from service.tokenizer import TextTokenizer
 
     if args.url:
@@ -364,6 +399,8 @@ def bench_load(args) -> int:
         if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
             print("attnserve bench load: only loopback servers (127.0.0.1) may be loaded", file=sys.stderr)
             return 2
+    duration = args.duration if args.duration is not None else (600.0 if args.soak else 60.0)
+    abandon = args.abandon if args.abandon is not None else (0.2 if args.soak else 0.0)
     rng = random.Random(args.seed)
     words = corpus_words(args.docs)
     export_dir = None if args.url else resolve_export(args)
@@ -373,19 +410,41 @@ def bench_load(args) -> int:
     for i in range(args.documents):
         target = rng.randint(args.min_tokens, args.max_tokens)
         docs.append(text_of_tokens(tokenizer, words, target, start=rng.randrange(len(words))))
-    by_text = dict(docs)
     flags = [f for flag in args.server_flag for f in flag.split("=", 1)]
-    print(f"attnserve bench load: {args.clients} clients, {args.duration:.0f} s, {len(docs)} documents of "
-          f"{min(n for _, n in docs)}-{max(n for _, n in docs)} tokens, POST /embed; machine {os.cpu_count()} CPUs shared by server and clients")
+    print(f"attnserve bench load{' --soak' if args.soak else ''}: {args.clients} clients, {duration:.0f} s"
+          f"{f' or {args.max_requests} requests' if args.max_requests else ''}, {len(docs)} documents of "
+          f"{min(n for _, n in docs)}-{max(n for _, n in docs)} tokens, POST /embed, {abandon:.0%} of requests given up by their client; "
+          f"machine {os.cpu_count()} CPUs shared by server and clients")
 
-    def run(url):
-        return asyncio.run(_closed_loop(url, [t for t, _ in docs], args.clients, args.duration, backoff=args.backoff))
+    def run(url, pid=None):
+        rss = {}
+
+        async def load():
+            async def sample_warm():
+                await asyncio.sleep(min(args.warmup, duration))
+                rss["warm"] = rss_bytes(pid)
+
+            sampler = asyncio.create_task(sample_warm()) if pid else None
+            with tqdm(total=duration, unit="s", desc="load", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s") as bar:
+                ticker = asyncio.create_task(_tick(bar, duration))
+                result = await _closed_loop(url, [t for t, _ in docs], args.clients, duration, backoff=args.backoff,
+                                            abandon=abandon, max_requests=args.max_requests)
+                ticker.cancel()
+            if sampler:
+                sampler.cancel()
+            return result
+
+        result = asyncio.run(load())
+        result["drained"] = _drained(url)
+        if pid:
+            result["rss_warm"], result["rss_end"] = rss.get("warm", 0), rss_bytes(pid)
+        return result
 
     if args.url:
         result, metrics = run(args.url), {}
     else:
         with start_serve(export_dir, "--max-length", str(args.max_length), *flags) as server:
-            result = run(server.url)
+            result = run(server.url, server.proc.pid)
             metrics = _scrape(server.url)
     codes: dict[int, int] = {}
     for code, _ in result["results"]:
@@ -393,16 +452,56 @@ def bench_load(args) -> int:
     lat = result["latencies"]
     failures = {c: n for c, n in codes.items() if c not in (200, 429)}
     print(f"requests answered: {len(result['results'])} ({', '.join(f'{c}: {n}' for c, n in sorted(codes.items()))}); "
-          f"transport errors (unanswered): {len(result['errors'])}")
-    print(f"elapsed {result['elapsed']:.1f} s (the last requests finish after the {args.duration:.0f} s window); "
+          f"given up by their client: {result['abandoned']}; transport errors (unanswered): {len(result['errors'])}")
+    print(f"elapsed {result['elapsed']:.1f} s (the last requests finish after the {duration:.0f} s window); "
           f"{result['ok'] / result['elapsed']:.2f} req/s")
     print(f"latency of 200s: p50 {percentile(lat, 50) * 1000:.0f} ms, p95 {percentile(lat, 95) * 1000:.0f} ms, p99 {percentile(lat, 99) * 1000:.0f} ms")
     if metrics.get("mean_batch"):
         print(f"mean inference batch size: {metrics['mean_batch']:.2f}")
-    ok = not failures and not result["errors"]
-    print("PASS: no failures other than 429, every request answered" if ok else f"FAIL: {failures} {result['errors'][:3]}")
-    del by_text
+    if metrics:
+        print(f"requests the server cancelled because their client had gone: {metrics['cancelled']:g} "
+              "(the rest of those given up had been answered or refused as their client left)")
+    in_flight, queued = result["drained"]
+    print(f"after the run: {in_flight:g} requests in flight, {queued:g} inputs queued (both 0: nothing stuck or lost)")
+    ok = not failures and not result["errors"] and in_flight == 0 and queued == 0
+    if args.soak:
+        warm, end = result.get("rss_warm", 0), result.get("rss_end", 0)
+        if warm and end:
+            growth = end / warm - 1
+            print(f"server RSS: {warm / 2**20:.0f} MB after {min(args.warmup, duration):.0f} s of warm-up, {end / 2**20:.0f} MB at the end "
+                  f"({growth:+.1%}; at most +20% passes)")
+            ok = ok and growth <= 0.2
+        else:
+            print("server RSS: not measured (a server started elsewhere, --url)")
+    print("PASS: no failures other than 429, every request answered or given up by its client" if ok
+          else f"FAIL: {failures} {result['errors'][:3]}")
     return 0 if ok else 1
+
+
+async def _tick(bar, duration: float) -> None:
+    """Advance a seconds progress bar until `duration` has passed."""
+    started = time.perf_counter()
+    while bar.n < duration:
+        await asyncio.sleep(1.0)
+        bar.n = min(duration, time.perf_counter() - started)
+        bar.refresh()
+
+
+def _drained(url: str, timeout: float = 30.0) -> tuple[float, float]:
+    """(requests in flight, inputs queued) from /metrics once both reach 0 or timeout passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        values = {"attnserve_requests_in_flight": 0.0, "attnserve_queue_inputs": 0.0}
+        for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+            name = line.split(" ")[0]
+            if name in values:
+                values[name] = float(line.split()[-1])
+        pair = (values["attnserve_requests_in_flight"], values["attnserve_queue_inputs"])
+        if pair == (0.0, 0.0) or time.monotonic() > deadline:
+            return pair
+        time.sleep(0.5)
 
 
 def _default_tokenizer() -> Path:

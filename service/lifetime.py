@@ -15,16 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+
+from starlette.datastructures import MutableHeaders
 
 from service.batching import Overloaded
 from service.errors import error_response
 
 log = logging.getLogger("attnserve")
 
+# After a request of at least this many tokens, freed heap pages go back to the system (glibc
+# keeps them otherwise, and the process stays at the size of its largest request).
+TRIM_AFTER_TOKENS = 4096
+
 # Seconds a refused client should wait before retrying (the Retry-After header).
 RETRY_AFTER_OVERLOADED = 1
 RETRY_AFTER_SHUTDOWN = 5
+RETRY_AFTER = {429: RETRY_AFTER_OVERLOADED, 503: RETRY_AFTER_SHUTDOWN}
 
 
 class RequestLifetimeMiddleware:
@@ -53,6 +61,9 @@ class RequestLifetimeMiddleware:
         finally:
             service.metrics.in_flight.dec()
             permit.__exit__(None, None, None)
+        timings = scope.get("state", {}).get("timings")
+        if timings is not None and sum(timings.input_tokens) >= TRIM_AFTER_TOKENS:
+            await asyncio.to_thread(give_back_memory)
 
     async def _run(self, scope, receive, send, service) -> None:
         body_read = asyncio.Event()
@@ -74,6 +85,10 @@ class RequestLifetimeMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                retry = RETRY_AFTER.get(message["status"])
+                headers = MutableHeaders(scope=message)
+                if retry and "retry-after" not in headers:  # a route's own 429 (queue full) or 503
+                    headers["retry-after"] = str(retry)
             await send(message)
 
         async def watch_connection():
@@ -123,3 +138,11 @@ async def _cancel(*tasks: asyncio.Task) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+def give_back_memory() -> None:
+    """malloc_trim(0): hand the heap's free pages back to the system (a no-op without glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

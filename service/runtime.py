@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
+
 log = logging.getLogger("attnserve")
 
 DEFAULT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -178,6 +180,11 @@ class OnnxRunner:
         path = self.export_dir / self.manifest["graphs"][graph]["file"]
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
+        if graph == "analysis":
+            # Maps are rare and large: without ORT's arena their memory goes back after each
+            # one (with it the process stays at the largest map's peak; embedding graphs keep
+            # the arena, which is 10-25% faster on long inputs).
+            options.enable_cpu_mem_arena = False
         if self._options["intra"]:
             options.intra_op_num_threads = int(self._options["intra"])
         if self._options["inter"]:
@@ -244,6 +251,10 @@ class OnnxRunner:
         token budget should count)."""
         if n <= self.short_max_length:
             return max(n, self.min_length)
+        return self._granule_length(n)
+
+    def _granule_length(self, n: int) -> int:
+        """n tokens padded to the main and analysis graphs' sequence multiple."""
         return max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
@@ -320,6 +331,18 @@ class OnnxRunner:
         self._check_map_length(int(mask.sum(1).max()))
         return self._pieces(ids, mask, range(self.num_layers) if layers is None else layers)
 
+    def attention_cost(self, n: int, head: int | None = None) -> MapCost:
+        """Upper bounds of what a one-layer map of an n-token text holds (its non-zeros, the
+        bytes of the layer's outputs and their conversion), from the analysis graph's output
+        shapes, before anything runs."""
+        self._require_analysis()
+        session = self._analysis_session()
+        shapes = {o.name: tuple(o.shape) for o in session.get_outputs()}
+        pieces = self.manifest["graphs"]["analysis"]["attention"][0]
+        piece_shapes = [(shapes[p["rows"]], shapes[p["cols"]], shapes[p["probs"]]) for p in pieces]
+        sequence_dim = session.get_inputs()[0].shape[1]
+        return map_cost(piece_shapes, sequence_dim, self._granule_length(n), n, head)
+
     def _require_analysis(self) -> None:
         if "analysis" not in self.manifest["graphs"]:
             raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
@@ -335,30 +358,3 @@ class OnnxRunner:
         names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
         values = iter(self._run(session, names, ids, mask))
         return [[(next(values), next(values), next(values)) for _ in pieces] for pieces in per_layer]
-
-
-def compact_to_coo(pieces, n: int, head: int | None, num_heads: int):
-    """Slot-form attention pieces (rows (B|1,H|1,R), cols (B|1,H|1,R|1,S), probs (B,H,R,S))
-    of batch row 0 -> COO (rows, cols, values) over n tokens, one head or the head mean.
-    numpy twin of models.sparse.to_sparse."""
-    all_rows, all_cols, all_vals = [], [], []
-    for rows, cols, probs in pieces:
-        probs = probs[0]  # (H, R, S)
-        rows, cols = rows[0], cols[0]  # (H|1, R), (H|1, R|1, S)
-        if head is not None:
-            probs = probs[head : head + 1]
-            rows = rows[head : head + 1] if rows.shape[0] > 1 else rows
-            cols = cols[head : head + 1] if cols.shape[0] > 1 else cols
-        rows = np.broadcast_to(rows[:, :, None], probs.shape)
-        cols = np.broadcast_to(cols, probs.shape)
-        keep = (probs != 0) & (rows < n) & (cols >= 0) & (cols < n)
-        all_rows.append(rows[keep])
-        all_cols.append(cols[keep])
-        all_vals.append(probs[keep].astype(np.float64))
-    rows = np.concatenate(all_rows).astype(np.int64)
-    cols = np.concatenate(all_cols).astype(np.int64)
-    vals = np.concatenate(all_vals)
-    keys, inverse = np.unique(rows * n + cols, return_inverse=True)
-    summed = np.bincount(inverse.ravel(), weights=vals, minlength=len(keys))
-    divisor = 1 if head is not None else num_heads
-    return keys // n, keys % n, (summed / divisor).astype(np.float32)

@@ -52,6 +52,7 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(0, ge=0, description="tokens per inference batch, batch size x longest input padded to the export's length multiple (0: 2048 on CPU, 16384 on a GPU)")
     max_batch_requests: int = Field(32, ge=1, description="inputs per inference batch")
     max_concurrent_requests: int = Field(256, ge=1, description="requests accepted at once; more get 429")
+    max_queued_tokens: int = Field(262144, ge=0, description="padded tokens the queue may hold (all waiting requests together); more get 429, a request over it alone 413 (0: no bound)")
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body in bytes; larger get 413")
     max_attention_entries: int = Field(2_000_000, ge=1, description="largest sparse attention answer (non-zeros); ask for top_k or grid beyond it")

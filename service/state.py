@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import Request
 
-from service.batching import Timings, TokenBudgetBatcher
+from service.attention_maps import SPARSE_ANSWER_BYTES
+from service.batching import Overloaded, RequestTooLarge, Timings, TokenBudgetBatcher
 from service.errors import ServiceError
 from service.metrics import ServiceMetrics
 from service.pooling import Pooling
@@ -108,15 +109,42 @@ async def run_reduce(service: ServiceState, inputs: list[list[int]], reducers, t
     return await _run(service.batcher.reduce(inputs, reducers, timings), param)
 
 
-async def _run(work, param: str):
+async def _run(work, param: str | None, refused: tuple[int, str] = (413, "too_long")):
+    """The batcher's answer, or its refusals as ServiceErrors: the queue is full (429), the
+    request can never fit it (413), the runner cannot run an input (`refused`: too long for the
+    export unless the caller says otherwise)."""
     try:
         return await work
-    except ValueError as exc:  # the runner refuses what it cannot run (too long for the export)
+    except Overloaded as exc:
+        raise ServiceError(429, str(exc), "overloaded", param) from None
+    except RequestTooLarge as exc:
         raise ServiceError(413, str(exc), "too_long", param) from None
+    except ValueError as exc:
+        raise ServiceError(refused[0], str(exc), refused[1], param) from None
+
+
+async def check_attention_budget(service: ServiceState, n: int, head: int | None, sparse_entries_per_row: int | None) -> None:
+    """413 before any work for a map whose answer or memory would pass the server's limits:
+    `sparse_entries_per_row` is top_k for a sparse answer (0: every weight), None for a grid
+    or PNG. Both checks use upper bounds from the export's shapes (MapCost), so a map near a
+    limit may be refused although its real count would fit; the message says how to ask."""
+    cost = await asyncio.to_thread(service.runner.attention_cost, n, head)
+    answer_entries = 0
+    if sparse_entries_per_row is not None:
+        answer_entries = min(cost.entries, n * sparse_entries_per_row) if sparse_entries_per_row else cost.entries
+        limit = service.settings.max_attention_entries
+        if answer_entries > limit:
+            raise ServiceError(413, f"a map of {n} tokens can hold up to {answer_entries} non-zero weights, more than this server sends "
+                               f"at once ({limit}, ATTNSERVE_MAX_ATTENTION_ENTRIES); ask for top_k <= {max(1, limit // n)}, or format grid or png",
+                               "too_long", "top_k")
+    needed = cost.work_bytes + answer_entries * SPARSE_ANSWER_BYTES
+    budget = service.settings.max_request_memory_mb * 2**20
+    if needed > budget:
+        raise ServiceError(413, f"a map of {n} tokens needs up to {needed / 2**20:.0f} MB, more than this server's limit of "
+                           f"{service.settings.max_request_memory_mb} MB per request (ATTNSERVE_MAX_REQUEST_MEMORY_MB); send a shorter text"
+                           + (", or ask for top_k or format grid" if sparse_entries_per_row is not None else ""),
+                           "too_long", "inputs")
 
 
 async def run_attention(service: ServiceState, ids: list[int], layer: int, head: int | None, timings: Timings):
-    try:
-        return await service.batcher.attention(ids, layer, head, timings)
-    except ValueError as exc:
-        raise ServiceError(422, str(exc), "validation") from None
+    return await _run(service.batcher.attention(ids, layer, head, timings), None, refused=(422, "validation"))

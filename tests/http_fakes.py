@@ -78,5 +78,10 @@ class FakeRunner:
         values = (1.0 / counts[rows]).astype(np.float32)
         return rows, cols, values
 
+    def attention_cost(self, n, head=None):
+        from service.attention_maps import MapCost
+
+        return MapCost(entries=5 * n, work_bytes=5 * n * 64)
+
     def rank_collapse(self, input_ids, attention_mask):
         return [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]

@@ -130,3 +130,19 @@ def test_shutdown_past_the_graceful_timeout_answers_503_json():
         assert "Exception in ASGI application" not in proc.log()
     finally:
         proc.stop()
+
+
+def test_the_queue_is_bounded_in_tokens():
+    proc = start_fake_server("--max-queued-tokens", "40", *ONE_PER_BATCH, delay=1.0)
+    try:
+        r = httpx.post(proc.url + "/embed", json={"inputs": ["word " * 50]}, timeout=30)
+        assert r.status_code == 413 and "ATTNSERVE_MAX_QUEUED_TOKENS" in r.json()["error"]
+        first, out = post_in_thread(proc, "/embed", {"inputs": [f"document {i}" for i in range(8)]}, timeout=60)
+        assert wait_in_flight(proc, 1, timeout=20)
+        assert poll(lambda: metric(proc, "attnserve_queue_inputs") > 0, 20)
+        r = httpx.post(proc.url + "/embed", json={"inputs": [f"text {i}" for i in range(8)]}, timeout=30)
+        assert r.status_code == 429 and r.headers.get("retry-after") == "1", r.text
+        first.join(60)
+        assert out["response"].status_code == 200
+    finally:
+        proc.stop()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 from http_fakes import tokenizer_json
 from http_server import start_fake_server
 
-from service.bench import _closed_loop, corpus_words, percentile, text_of_tokens
+from service.bench import _closed_loop, _drained, corpus_words, percentile, rss_bytes, text_of_tokens
 from service.tokenizer import TextTokenizer
 
 
@@ -35,3 +36,24 @@ def test_closed_loop_counts_every_answer():
     codes = {code for code, _ in result["results"]}
     assert result["errors"] == [] and result["ok"] > 0
     assert codes <= {200, 429} and 429 in codes  # six clients, two places
+
+
+def test_clients_that_give_up_are_counted_and_their_work_cancelled():
+    server = start_fake_server(delay=0.6)
+    try:
+        result = asyncio.run(_closed_loop(server.url, ["a short text"], clients=3, duration=1.5, abandon=1.0, max_requests=6))
+        assert result["abandoned"] + len(result["results"]) == 6 and result["abandoned"] >= 3
+        assert result["errors"] == []
+        assert _drained(server.url) == (0.0, 0.0)
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        cancelled = sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("attnserve_requests_cancelled_total"))
+        assert cancelled >= 1
+    finally:
+        server.stop()
+
+
+def test_rss_of_a_live_process():
+    import os
+
+    assert rss_bytes(os.getpid()) > 10 * 2**20
+    assert rss_bytes(2**22 + 12345) == 0  # no such process

@@ -13,7 +13,7 @@ from service.errors import ServiceError
 from service.rendering import heatmap_png, pool_grid, top_k_per_row
 from service.routes import TEI_ERRORS
 from service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
-from service.state import ServiceState, get_service, get_timings, run_attention
+from service.state import ServiceState, check_attention_budget, get_service, get_timings, run_attention
 
 router = APIRouter(tags=["attention"])
 
@@ -31,6 +31,7 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
     if body.head is not None and body.head >= service.num_heads:
         raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
     (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
+    await check_attention_budget(service, len(tokenized), body.head, (body.top_k or 0) if body.format == "sparse" else None)
     (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
     # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
     return await asyncio.to_thread(_render, body, service, tokenized, rows, cols, values, ratios)

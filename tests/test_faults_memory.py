@@ -1,0 +1,127 @@
+"""Fault suite, memory: `attnserve serve` on a real export of 8,200 tokens, in a subprocess
+on 127.0.0.1 whose memory is capped at 2 GiB (a memory cgroup, as a container limit is; an
+RLIMIT_DATA cap where no cgroup can be made), survives the bad-input matrix with no 5xx; the
+per-request memory budget refuses in milliseconds, before any work."""
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
+from http_server import ServerProcess
+
+from service.bench import free_port
+
+CAP_BYTES = 2 * 2**30
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def memory_cgroup() -> Path | None:
+    """A new memory cgroup limited to CAP_BYTES, or None where none can be made here."""
+    if not (CGROUP_V1 / "cgroup.procs").exists():
+        return None
+    group = CGROUP_V1 / f"attnserve-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(CAP_BYTES))
+    except OSError:
+        return None
+    return group
+
+
+def capped_server(export_dir: Path, group: Path | None, *flags: str) -> ServerProcess:
+    """`python -m service serve` that enters the cgroup (or sets RLIMIT_DATA) before exec."""
+    port = free_port()
+    serve = [sys.executable, "-m", "service", "serve", "--export-dir", str(export_dir), "--port", str(port),
+             "--log-level", "warning", "--providers", "CPUExecutionProvider", *flags]
+    if group is not None:
+        enter = f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))"
+    else:
+        enter = f"resource.setrlimit(resource.RLIMIT_DATA, ({CAP_BYTES}, {CAP_BYTES}))"
+    code = f"import os, resource, sys; {enter}; os.execv(sys.executable, {serve!r})"
+    return ServerProcess(["-c", code], port).wait_ready(300)
+
+
+@pytest.fixture(scope="module")
+def server():
+    export_dir, _ = get_export(SHARED_VARIANT, SHARED_MAX_LENGTH)
+    group = memory_cgroup()
+    proc = capped_server(export_dir, group, "--request-timeout", "60", "--max-request-memory-mb", "1024")
+    proc.group = group
+    yield proc
+    proc.stop()
+    if group is not None:
+        group.rmdir()
+
+
+def document(tokens: int) -> str:
+    """About `tokens` tokens of plain words (one token each)."""
+    words = ("attention", "window", "token", "layer", "query", "key", "value", "sparse")
+    return " ".join(words[i % len(words)] for i in range(tokens - 2))
+
+
+def warm_attention(url: str) -> None:
+    """One short map, so that the analysis graph (loaded on the first map) is open."""
+    assert httpx.post(url + "/attention", json={"inputs": "warm up", "layer": 0, "format": "grid"}, timeout=120).status_code == 200
+
+
+def test_sparse_map_over_the_budget_is_refused_before_any_work(server):
+    warm_attention(server.url)
+    r = httpx.post(server.url + "/attention", json={"inputs": document(8000), "layer": 0, "format": "sparse"}, timeout=60)
+    assert r.status_code == 413 and "top_k" in r.json()["error"]
+    assert float(r.headers["x-inference-time"]) == 0.0 and float(r.headers["x-total-time"]) < 1000
+
+
+def test_memory_budget_refuses_in_milliseconds():
+    export_dir, _ = get_export(SHARED_VARIANT, SHARED_MAX_LENGTH)
+    proc = capped_server(export_dir, None, "--max-request-memory-mb", "64")
+    try:
+        warm_attention(proc.url)
+        r = httpx.post(proc.url + "/attention", json={"inputs": document(4000), "layer": 1, "format": "grid"}, timeout=60)
+        assert r.status_code == 413, r.text
+        body = r.json()["error"]
+        assert "64 MB per request" in body and "ATTNSERVE_MAX_REQUEST_MEMORY_MB" in body
+        assert float(r.headers["x-inference-time"]) == 0.0 and float(r.headers["x-total-time"]) < 1000
+        small = httpx.post(proc.url + "/attention", json={"inputs": document(300), "layer": 1, "format": "grid"}, timeout=60)
+        assert small.status_code == 200
+    finally:
+        proc.stop()
+
+
+# The bad-input matrix: what a careless or hostile client sends; each is answered (2xx or a
+# JSON 4xx/504), none is a 5xx, and the server stays up under its cap.
+LONG = document(8100)
+MATRIX = [
+    ("/attention", {"inputs": LONG, "layer": 5, "format": "grid"}),
+    ("/attention", {"inputs": LONG, "layer": 0, "format": "png"}),
+    ("/attention", {"inputs": LONG, "layer": 2, "format": "sparse", "top_k": 8}),
+    ("/attention", {"inputs": LONG * 3, "layer": 0, "format": "sparse", "truncate": True}),
+    ("/embed_all", {"inputs": LONG}),
+    ("/embed_all", {"inputs": [LONG] * 4}),
+    ("/embed_chunks", {"inputs": [LONG] * 2, "chunk_tokens": 1}),
+    ("/embed", {"inputs": [LONG] * 4}),
+    ("/embed", {"inputs": "x" * 7_000_000, "truncate": True}),
+    ("/embed", {"inputs": "word " * 1_500_000, "truncate": True}),
+    ("/v1/embeddings", {"input": [[2000] * 9000], "model": "m"}),
+    ("/tokenize", {"inputs": "word " * 1_500_000}),
+]
+
+
+@pytest.mark.parametrize("path,body", MATRIX, ids=[f"{p}-{i}" for i, (p, _) in enumerate(MATRIX)])
+def test_bad_input_matrix_under_a_2_gib_cap(server, path, body):
+    r = httpx.post(server.url + path, json=body, timeout=180)
+    assert r.status_code < 500 or r.status_code == 504, (r.status_code, r.text[:300], server.log())
+    if r.status_code >= 400:
+        assert r.headers["content-type"].startswith("application/json") and r.json()
+    assert server.alive(), server.log()
+
+
+def test_the_server_lived_through_the_matrix_within_its_cap(server):
+    assert server.alive(), server.log()
+    if server.group is not None:  # the kernel kept the cap and never had to kill anything in it
+        assert int((server.group / "memory.max_usage_in_bytes").read_text()) <= CAP_BYTES
+        oom = dict(line.split() for line in (server.group / "memory.oom_control").read_text().splitlines())
+        assert oom.get("oom_kill", "0") == "0"
