@@ -208,15 +208,18 @@ def length_multiple(variant: str, config) -> int:
     return int(_variant(variant).length_multiple(config))
 
 
-def short_graph_length(config, max_length: int) -> int:
+def short_graph_length(config, max_length: int, encoder=None) -> int:
     """Capacity in tokens of an export's short graph, 0 for none: the longest input the variant
-    computes exactly as full attention does (`Attention.exact_up_to`), when that is more than
-    one granule of its graph. Inputs within one granule pad to that granule anyway, and a
-    variant with granule 1 pads nothing."""
+    computes exactly as full attention does (`Attention.exact_up_to`, and with `encoder` only
+    while every layer's own parameters keep it: `Attention.keeps_exactness`), when that is more
+    than one granule of its graph (inputs within one granule pad to it anyway) and the variant
+    is not full attention at every length (then its own graph is the full path)."""
     cls = _variant(config.variant)
     multiple = cls.length_multiple(config)
     exact = min(cls.exact_up_to(config, max_length), max_length)
-    return exact if multiple > 1 and exact > multiple else 0
+    if encoder is not None and not all(layer.attention.keeps_exactness() for layer in encoder.layers):
+        return 0
+    return exact if exact > multiple and (multiple > 1 or exact < max_length) else 0
 
 
 def full_attention_encoder(encoder: Encoder, capacity: int) -> Encoder:
@@ -481,7 +484,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         verified = verify_embedding_graph(encoder, out_dir / "model.onnx", multiple, sorted({short, longer}), log)
 
     graphs = {"embedding": {"file": "model.onnx", "outputs": EMBEDDING_OUTPUTS}}
-    short_length = short_graph_length(config, max_length)
+    short_length = short_graph_length(config, max_length, encoder)
     if short_length:
         log(f"  short inputs: {variant} is full attention up to {short_length} tokens; short.onnx runs them unpadded")
         with torch.no_grad():

@@ -98,8 +98,36 @@ def test_which_exports_get_a_short_graph():
 
     lengths = {name: short_graph_length(make_config(name, 16384), 16384) for name in variant_names()}
     assert lengths == {"full": 0, "local": 257, "strided": 0, "global": 0, "longformer": 258, "bigbird": 320,
-                       "lsh": 128, "sinkhorn": 128, "linformer": 0, "compressed": 0, "synthesizer": 0}
+                       "lsh": 128, "sinkhorn": 128, "linformer": 256, "compressed": 0, "synthesizer": 0}
     assert short_graph_length(make_config("longformer", 200), 200) == 0  # 200 tokens pad to one 256 block anyway
+
+
+def test_adapted_parameters_that_break_exactness_get_no_short_graph():
+    """Linformer is exact up to k only with its initial E and F: adapted ones run its own graph."""
+    import torch
+
+    from models import load_encoder
+    from models.export import short_graph_length
+
+    encoder = load_encoder("linformer", max_length=1024)
+    config = encoder.attention_config
+    assert short_graph_length(config, 1024, encoder) == 256
+    with torch.no_grad():
+        encoder.layers[3].attention.E[0, 0] += 0.5
+    assert not encoder.layers[3].attention.keeps_exactness()
+    assert short_graph_length(config, 1024, encoder) == 0
+
+
+def test_linformers_short_graph_is_verified_against_linformer(tmp_path):
+    """The export checks its short graph against the variant's own encoder (ExportFailed if
+    they differ): linformer at its initial E passes, as exact_up_to claims."""
+    import json
+
+    from models.export import export_model
+
+    export_model("linformer", {}, 512, tmp_path, analysis=False)
+    short = json.loads((tmp_path / "manifest.json").read_text())["graphs"]["short"]
+    assert short["max_length"] == 256 and short["verified"]
 
 
 def test_variants_command_says_where_each_is_exact():

@@ -111,6 +111,12 @@ class Attention(nn.Module):
         at least 2). At most max_length. A variant claims only what its pattern guarantees."""
         return 0
 
+    def keeps_exactness(self) -> bool:
+        """Whether this module's own parameters still give what exact_up_to claims: a variant
+        whose exactness rests on how its parameters start says False once they have moved
+        (adapted weights)."""
+        return True
+
     def __init__(self, config: AttentionConfig, num_heads: int, head_dim: int, max_length: int):
         super().__init__()
         self.config = config

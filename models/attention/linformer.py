@@ -102,6 +102,11 @@ class LinformerAttention(Attention):
         self.E = nn.Parameter(block_logits(config.k, self.columns))
         self.F = self.E if config.sharing == "kv" else nn.Parameter(block_logits(config.k, self.columns))
 
+    def keeps_exactness(self) -> bool:
+        # Exact only with the initial E and F (an export may give them one spare zero column).
+        initial = block_logits(self.config.k, self.columns)
+        return all(torch.equal(p.detach()[:, : self.columns].cpu(), initial) for p in (self.E, self.F))
+
     def forward(self, q, k, v, key_valid, need_weights=False):
         k_proj, slot_valid, e_norm = project(self.E, self.columns, k, key_valid)
         v_proj, _, f_norm = project(self.F, self.columns, v, key_valid)
