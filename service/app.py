@@ -37,6 +37,7 @@ def load_runner(settings: Settings):
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         graph_optimization=settings.graph_optimization,
+        arena_shrink_tokens=settings.arena_shrink_tokens,
     )
     return runner, export_dir
 
