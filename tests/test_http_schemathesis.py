@@ -57,20 +57,28 @@ def test_schema_states_the_deployment_bounds(server):
     assert (texts["minItems"], texts["maxItems"]) == (1, 64)
 
 
-def test_schemathesis_all_checks(server, tmp_path):
-    (tmp_path / "schemathesis.toml").write_text(CONFIG)
+def run_schemathesis(url: str, workdir: Path, checks: list[str], examples: int, headers: dict | None = None):
+    """The schemathesis CLI over url's /openapi.json (deterministic, one worker, bounded by
+    examples per operation and a timeout): (exit status, output, its SUMMARY section)."""
+    (workdir / "schemathesis.toml").write_text(CONFIG)
     tests_dir = Path(__file__).resolve().parent
     env = {**os.environ, "PYTHONPATH": f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "SCHEMATHESIS_HOOKS": "schemathesis_hooks"}
     command = [
-        sys.executable, "-m", "schemathesis.cli", "--config-file", str(tmp_path / "schemathesis.toml"),
-        "run", server.url + "/openapi.json", "--checks", ",".join(CHECKS), "--phases", "examples,coverage,fuzzing",
-        "--max-examples", str(EXAMPLES), "--generation-deterministic", "--workers", "1", "--continue-on-failure",
-        "--request-timeout", "60", "--no-color",
+        sys.executable, "-m", "schemathesis.cli", "--config-file", str(workdir / "schemathesis.toml"),
+        "run", url + "/openapi.json", "--checks", ",".join(checks), "--phases", "examples,coverage,fuzzing",
+        "--max-examples", str(examples), "--generation-deterministic", "--workers", "1", "--continue-on-failure",
+        "--request-timeout", "120", "--no-color",
     ]
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    summary = run.stdout[run.stdout.find("SUMMARY"):]
+    for name, value in (headers or {}).items():
+        command += ["--header", f"{name}: {value}"]
+    run = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
+    return run.returncode, run.stdout + run.stderr, run.stdout[run.stdout.find("SUMMARY"):]
+
+
+def test_schemathesis_all_checks(server, tmp_path):
+    code, output, summary = run_schemathesis(server.url, tmp_path, CHECKS, EXAMPLES)
     print(summary)
-    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert code == 0, output[-10000:]
     assert "Tested: 10" in summary and "generated" in summary and "passed" in summary
     assert server.alive()

@@ -230,16 +230,12 @@ def test_50_mb_body(server):
     assert alive(server)
 
 
-def test_schemathesis_finds_no_5xx(server):
-    schemathesis = pytest.importorskip("schemathesis")
-    from schemathesis.generation import GenerationMode
-    from test_http_schemathesis import check_operation
+def test_schemathesis_finds_no_5xx(server, tmp_path):
+    """Over the real model: schema-valid and schema-invalid requests, none answered 5xx."""
+    from test_http_schemathesis import run_schemathesis
 
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json", headers=AUTH)
-    failures = []
-    for result in schema.get_all_operations():
-        failures += check_operation(result.ok(), [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], examples=10, headers=AUTH)
-    assert not failures, "\n".join(failures[:10])
+    code, output, summary = run_schemathesis(server.url, tmp_path, ["not_a_server_error"], examples=10, headers=AUTH)
+    assert code == 0 and "passed" in summary, output[-10000:]
     assert alive(server)
 
 
