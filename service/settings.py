@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; default CUDA then CPU)")
     intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default)")
     inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: its default)")
-    arena_shrink_tokens: int = Field(8192, ge=0, description="a run of at least this many padded tokens (batch x length) gives ONNX Runtime's CPU memory arena back when it ends, so the process does not keep the peak of its longest documents (0: never; costs such runs about 15-25% on a CPU)")
+    arena_shrink_tokens: int = Field(8192, ge=0, description="a run of at least this many padded tokens (batch x length) gives ONNX Runtime's CPU memory arena back when it ends, so the process does not keep the peak of its longest documents (0: never; costs such runs about 15 to 25 percent on a CPU)")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimisation level")
 
     # Batching and limits.
