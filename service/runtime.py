@@ -134,6 +134,7 @@ class OnnxRunner:
         self.arena_shrink_tokens = int(arena_shrink_tokens)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._arena_sessions: set[int] = set()  # sessions with an arena to shrink (ORT refuses the option on others)
         self.export_dir = Path(export_dir)
         if not self.export_dir.is_dir():
             raise ExportError(f"{self.export_dir}: export directory does not exist")
@@ -186,7 +187,8 @@ class OnnxRunner:
         path = self.export_dir / self.manifest["graphs"][graph]["file"]
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
-        if graph == "analysis":
+        arena = graph != "analysis"
+        if not arena:
             # Maps are rare and large: without ORT's arena their memory goes back after each
             # one (with it the process stays at the largest map's peak; embedding graphs keep
             # the arena, which is 10-25% faster on long inputs).
@@ -212,6 +214,8 @@ class OnnxRunner:
         names = [o.name for o in session.get_outputs()]
         if names != list(expected):
             raise ExportError(f"{path}: outputs {names[:4]}... do not match manifest.json")
+        if arena:
+            self._arena_sessions.add(id(session))
         return session
 
     def _analysis_session(self):
@@ -266,7 +270,7 @@ class OnnxRunner:
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.io_binding_device is None:
-            shrink = self.arena_shrink_tokens and ids.size >= self.arena_shrink_tokens
+            shrink = self.arena_shrink_tokens and ids.size >= self.arena_shrink_tokens and id(session) in self._arena_sessions
             return session.run(outputs, feeds, self._shrink if shrink else None)
         # On CUDA: inputs copied once into device memory, outputs allocated there by ORT and
         # copied back once, instead of the per-run staging of session.run.
