@@ -351,19 +351,23 @@ def bench_service(args) -> int:
     return 0
 
 
-def _scrape(url: str) -> dict:
-    """Mean inference batch size from the server's /metrics."""
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples named `name` on the server's /metrics whose labels include
+    `labels` (0 when there is none), read with prometheus_client's own parser."""
     import httpx
+    from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=30).text
-    total = count = cancelled = 0.0
-    for line in text.splitlines():
-        if line.startswith("attnserve_batch_size_sum") and 'route="/embed"' in line:
-            total += float(line.split()[-1])
-        elif line.startswith("attnserve_batch_size_count") and 'route="/embed"' in line:
-            count += float(line.split()[-1])
-        elif line.startswith('attnserve_requests_cancelled_total{reason="disconnect"}'):
-            cancelled = float(line.split()[-1])
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
+
+
+def _scrape(url: str) -> dict:
+    """Mean inference batch size of /embed, and the requests cancelled because their client
+    had gone, from the server's /metrics."""
+    total = metric_value(url, "attnserve_batch_size_sum", route="/embed")
+    count = metric_value(url, "attnserve_batch_size_count", route="/embed")
+    cancelled = metric_value(url, "attnserve_requests_cancelled_total", reason="disconnect")
     return {"mean_batch": total / count if count else None, "cancelled": cancelled}
 
 
@@ -489,16 +493,9 @@ async def _tick(bar, duration: float) -> None:
 
 def _drained(url: str, timeout: float = 30.0) -> tuple[float, float]:
     """(requests in flight, inputs queued) from /metrics once both reach 0 or timeout passes."""
-    import httpx
-
     deadline = time.monotonic() + timeout
     while True:
-        values = {"attnserve_requests_in_flight": 0.0, "attnserve_queue_inputs": 0.0}
-        for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-            name = line.split(" ")[0]
-            if name in values:
-                values[name] = float(line.split()[-1])
-        pair = (values["attnserve_requests_in_flight"], values["attnserve_queue_inputs"])
+        pair = (metric_value(url, "attnserve_requests_in_flight"), metric_value(url, "attnserve_queue_inputs"))
         if pair == (0.0, 0.0) or time.monotonic() > deadline:
             return pair
         time.sleep(0.5)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from service.bench import ServerProcess as _ServerProcess
-from service.bench import free_port
+from service.bench import free_port, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,9 +46,7 @@ def start_real_server(export_dir: Path | None, *args: str, env: dict | None = No
 
 def requests_in_flight(proc: ServerProcess) -> float:
     """The server's attnserve_requests_in_flight gauge."""
-    metrics = httpx.get(proc.url + "/metrics", timeout=30).text
-    line = next(x for x in metrics.splitlines() if x.startswith("attnserve_requests_in_flight"))
-    return float(line.split()[-1])
+    return metric_value(proc.url, "attnserve_requests_in_flight")
 
 
 def wait_in_flight(proc: ServerProcess, n: int, timeout: float) -> bool:

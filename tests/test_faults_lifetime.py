@@ -11,14 +11,15 @@ import time
 import httpx
 from http_server import start_fake_server, wait_in_flight
 
+from service.bench import metric_value
+
 # One input per batch: inputs of 3 to 5 tokens, a token budget that holds one of them.
 ONE_PER_BATCH = ("--max-batch-tokens", "7")
 
 
-def metric(proc, name: str) -> float:
-    """The value of one sample line of the server's /metrics (the sum when labelled)."""
-    lines = httpx.get(proc.url + "/metrics", timeout=10).text.splitlines()
-    return sum(float(x.split()[-1]) for x in lines if x.startswith(name) and not x.startswith(name + "_created"))
+def metric(proc, name: str, **labels: str) -> float:
+    """A sample of the server's /metrics (the sum over the label values not given)."""
+    return metric_value(proc.url, name, **labels)
 
 
 def poll(condition, timeout: float) -> bool:
@@ -72,7 +73,7 @@ def test_a_disconnected_clients_work_is_cancelled():
             httpx.post(proc.url + "/embed", json={"inputs": [f"document {i}" for i in range(16)]}, timeout=1.5 * delay)
         except httpx.TimeoutException:
             pass
-        assert poll(lambda: metric(proc, 'attnserve_requests_cancelled_total{reason="disconnect"}') == 1, 10), proc.log()
+        assert poll(lambda: metric(proc, "attnserve_requests_cancelled_total", reason="disconnect") == 1, 10), proc.log()
         # Its place is free at once and its inputs leave the queue after the batch in progress.
         assert metric(proc, "attnserve_requests_in_flight") == 0
         assert poll(lambda: metric(proc, "attnserve_queue_inputs") == 0, 10)
@@ -92,7 +93,7 @@ def test_the_deadline_answers_504_and_frees_the_request():
         r = httpx.post(proc.url + "/embed", json={"inputs": "slow"}, timeout=30)
         assert r.status_code == 504
         assert "request_timeout" in r.json()["error"]
-        assert metric(proc, 'attnserve_requests_cancelled_total{reason="deadline"}') == 1
+        assert metric(proc, "attnserve_requests_cancelled_total", reason="deadline") == 1
         assert metric(proc, "attnserve_requests_in_flight") == 0
         r = httpx.post(proc.url + "/v1/embeddings", json={"input": "slow", "model": "x"}, timeout=30)
         assert r.status_code == 504 and "request_timeout" in r.json()["error"]["message"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 from http_fakes import tokenizer_json
 from http_server import start_fake_server
 
-from service.bench import _closed_loop, _drained, corpus_words, percentile, rss_bytes, text_of_tokens
+from service.bench import _closed_loop, _drained, corpus_words, metric_value, percentile, rss_bytes, text_of_tokens
 from service.tokenizer import TextTokenizer
 
 
@@ -45,9 +44,7 @@ def test_clients_that_give_up_are_counted_and_their_work_cancelled():
         assert result["abandoned"] + len(result["results"]) == 6 and result["abandoned"] >= 3
         assert result["errors"] == []
         assert _drained(server.url) == (0.0, 0.0)
-        metrics = httpx.get(server.url + "/metrics", timeout=10).text
-        cancelled = sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("attnserve_requests_cancelled_total"))
-        assert cancelled >= 1
+        assert metric_value(server.url, "attnserve_requests_cancelled_total") >= 1
     finally:
         server.stop()
 
