@@ -176,7 +176,7 @@ class TokenBudgetBatcher:
         if tokens > self.max_queued_tokens:
             raise RequestTooLarge(f"this request is {tokens} tokens once padded, more than this server queues at once "
                                   f"({self.max_queued_tokens}, ATTNSERVE_MAX_QUEUED_TOKENS); split it or send shorter inputs")
-        waiting = sum(self.padded(len(job.ids)) for queue in self._queues.values() for job in queue)
+        waiting = self.queued_tokens
         if waiting + tokens > self.max_queued_tokens:
             raise Overloaded(f"the queue holds {waiting} of its {self.max_queued_tokens} tokens, too many to take this request's "
                              f"{tokens}; retry later")
@@ -185,6 +185,16 @@ class TokenBudgetBatcher:
     def queued(self) -> int:
         """Inputs waiting for a batch."""
         return sum(len(q) for q in self._queues.values())
+
+    @property
+    def queued_tokens(self) -> int:
+        """Padded tokens waiting for a batch (what max_queued_tokens bounds)."""
+        return sum(self.padded(len(job.ids)) for queue in self._queues.values() for job in queue)
+
+    @property
+    def closing(self) -> bool:
+        """Shutdown has begun: new requests are refused and the queue is being finished."""
+        return self._closing
 
     # -- the loop --------------------------------------------------------------------------
     async def start(self) -> None:

@@ -16,7 +16,7 @@ from service.errors import error_response
 
 log = logging.getLogger("attnserve")
 
-UNAUTHENTICATED_PATHS = ("/health",)
+UNAUTHENTICATED_PATHS = ("/health", "/ready")
 
 
 class TimingMiddleware:
@@ -96,7 +96,7 @@ class BodyLimitMiddleware:
 
 
 class BearerAuthMiddleware:
-    """When an API key is set, 401 for every route but /health without
+    """When an API key is set, 401 for every route but /health and /ready without
     'Authorization: Bearer <key>'. The scheme is matched case-insensitively and may be
     followed by any number of spaces (RFC 7235); the key is compared in constant time."""
 

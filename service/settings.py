@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")
-    api_key: SecretStr | None = Field(None, description="if set, every route but /health needs 'Authorization: Bearer <key>' (empty or blank: refused at startup)")
+    api_key: SecretStr | None = Field(None, description="if set, every route but /health and /ready needs 'Authorization: Bearer <key>' (empty or blank: refused at startup)")
     api_key_file: Path | None = Field(None, description="read api_key from this file (surrounding whitespace stripped), so the key stays out of the process list and the environment")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
     graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")

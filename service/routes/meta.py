@@ -1,8 +1,11 @@
-"""GET /info, /health and /metrics."""
+"""GET /info, /health, /ready and /metrics."""
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from service.routes import TEI_ERRORS
 from service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
@@ -61,6 +64,46 @@ def _pooling_info(pooling) -> PoolingInfo:
 async def health(service: ServiceState = Depends(get_service)) -> HealthResponse:
     """200 once the model is loaded and the batcher runs."""
     return HealthResponse()
+
+
+class ReadyResponse(BaseModel):
+    """Whether this instance should be sent new requests, and the figures that say why."""
+
+    ready: bool
+    reason: Literal["ok", "loading", "shutting_down", "at_concurrency_limit", "queue_full"]
+    in_flight: int | None = None
+    max_concurrent_requests: int | None = None
+    queued_tokens: int | None = None
+    max_queued_tokens: int | None = None
+
+
+def readiness(service: ServiceState | None) -> ReadyResponse:
+    """Ready once the model is loaded, while shutdown has not begun, a request would get an
+    admission place, and the queue could still take one input of max_length tokens (the
+    largest input a client may send; a queue that cannot take it refuses such requests 429)."""
+    if service is None:
+        return ReadyResponse(ready=False, reason="loading")
+    batcher, s = service.batcher, service.settings
+    figures = dict(in_flight=batcher.in_flight, max_concurrent_requests=batcher.max_concurrent_requests,
+                   queued_tokens=batcher.queued_tokens, max_queued_tokens=s.max_queued_tokens)
+    if batcher.closing:
+        return ReadyResponse(ready=False, reason="shutting_down", **figures)
+    if batcher.in_flight >= batcher.max_concurrent_requests:
+        return ReadyResponse(ready=False, reason="at_concurrency_limit", **figures)
+    if s.max_queued_tokens and batcher.queued_tokens + batcher.padded(service.max_length) > s.max_queued_tokens:
+        return ReadyResponse(ready=False, reason="queue_full", **figures)
+    return ReadyResponse(ready=True, reason="ok", **figures)
+
+
+@router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse, "description": "not ready: loading, shutting down, or full"}})
+async def ready(request: Request):
+    """200 while this instance takes new work; 503 (same body) while it loads, shuts down, or
+    has no admission place or queue room left. Answered on the event loop, never queued behind
+    inference, and without the API key, so that an orchestrator's probe can ask it."""
+    state = readiness(getattr(request.app.state, "service", None))
+    if not state.ready:
+        return JSONResponse(state.model_dump(), status_code=503)
+    return state
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
