@@ -24,15 +24,22 @@ def top_k_per_row(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, k: int
     return rows[order], cols[order], values[order]
 
 
-def pool_grid(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int, max_cells: int) -> tuple[np.ndarray, int]:
-    """The (n, n) map pooled to at most max_cells per side: cell (i, j) holds the attention the
-    queries of row-cell i pay, on average, to all keys of column-cell j, so each grid row
-    still sums to about 1. Returns (grid, tokens per cell)."""
-    cell = max(1, -(-n // max_cells))
-    g = -(-n // cell)
-    grid = np.bincount((rows // cell) * g + cols // cell, weights=values.astype(np.float64), minlength=g * g).reshape(g, g)
-    queries = np.bincount(np.arange(n) // cell, minlength=g).astype(np.float64)
-    return (grid / queries[:, None]).astype(np.float32), cell
+def pool_grid(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int, max_cells: int,
+              queries: tuple[int, int] | None = None, keys: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
+    """The (n, n) map, or its window of queries [q0, q1) x keys [k0, k1), pooled to at most
+    max_cells per side in square cells: cell (i, j) holds the attention the queries of row-cell
+    i pay, on average, to all keys of column-cell j, so each grid row of a full-width window
+    still sums to about 1. Entries outside the window are ignored. Returns (grid, tokens per
+    cell side)."""
+    q0, q1 = queries or (0, n)
+    k0, k1 = keys or (0, n)
+    inside = (rows >= q0) & (rows < q1) & (cols >= k0) & (cols < k1)
+    rows, cols, values = rows[inside] - q0, cols[inside] - k0, values[inside]
+    cell = max(1, -(-max(q1 - q0, k1 - k0) // max_cells))
+    gq, gk = -(-(q1 - q0) // cell), -(-(k1 - k0) // cell)
+    grid = np.bincount((rows // cell) * gk + cols // cell, weights=values.astype(np.float64), minlength=gq * gk).reshape(gq, gk)
+    queries_per_cell = np.bincount(np.arange(q1 - q0) // cell, minlength=gq).astype(np.float64)
+    return (grid / queries_per_cell[:, None]).astype(np.float32), cell
 
 
 # A few stops of viridis; values in between are interpolated.

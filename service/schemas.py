@@ -208,6 +208,7 @@ class OpenAIEmbeddingResponse(BaseModel):
 # -- attention maps --------------------------------------------------------------------------
 Head = _int(ge=0, json_schema_extra=deployment_maximum("head_max"))
 PositiveInt = _int(ge=1)
+TokenRange = Annotated[list[_int(ge=0)], Field(min_length=2, max_length=2, description="[start, stop): token indices, start < stop")]
 
 
 class AttentionRequest(_Strict):
@@ -217,8 +218,18 @@ class AttentionRequest(_Strict):
         None, description="0 .. num_heads - 1, or null for the mean over heads")
     format: Literal["sparse", "grid", "png"] = "sparse"
     max_cells: Int = Field(64, ge=1, le=2048, description="grid and png: at most this many cells per side")
-    top_k: PositiveInt | None = Field(None, description="sparse: keep the k largest weights of each query")
+    top_k: PositiveInt | None = Field(None, description="sparse: keep the k largest weights of each query (within key_range)")
     truncate: bool = False
+    query_range: TokenRange | None = Field(None, description="only the queries start .. stop - 1 (token indices, [CLS] is 0; stop at most n_tokens); null: all")
+    key_range: TokenRange | None = Field(None, description="only the keys start .. stop - 1; null: all")
+
+    @model_validator(mode="after")
+    def _check_ranges(self):
+        for name in ("query_range", "key_range"):
+            value = getattr(self, name)
+            if value is not None and value[0] >= value[1]:
+                raise ValueError(f"{name} [{value[0]}, {value[1]}] is empty: send [start, stop] with start < stop")
+        return self
 
 
 class _AttentionCommon(BaseModel):
@@ -227,6 +238,9 @@ class _AttentionCommon(BaseModel):
     head: int | None
     n_tokens: int
     tokens: list[str]
+    offsets: list[list[int]] = Field(description="each token's [start_char, end_char) in inputs ([0, 0] for [CLS] and [SEP])")
+    query_range: list[int] = Field(description="[start, stop) of the queries answered (token indices)")
+    key_range: list[int] = Field(description="[start, stop) of the keys answered")
     rank_collapse: list[float] = Field(description="per layer: ||X - 1 x^T|| / ||X||, sqrt(l1 * linf) norm")
 
 
@@ -240,7 +254,7 @@ class SparseAttentionResponse(_AttentionCommon):
 class GridAttentionResponse(_AttentionCommon):
     format: Literal["grid"] = "grid"
     cell_tokens: int = Field(description="tokens per cell side")
-    grid: list[list[float]] = Field(description="mean attention of the queries in row-cell i on the keys in column-cell j (summed)")
+    grid: list[list[float]] = Field(description="mean attention of the queries in row-cell i on the keys in column-cell j (summed), over query_range x key_range")
 
 
 # -- service ---------------------------------------------------------------------------------

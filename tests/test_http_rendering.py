@@ -93,3 +93,80 @@ def test_cli_lists_serve_and_bench_service(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     assert "service" in capsys.readouterr().out
+
+
+def test_pool_grid_of_a_window_matches_dense_pooling():
+    rng = np.random.default_rng(2)
+    n = 40
+    a = rng.random((n, n))
+    grid, cell = pool_grid(*dense_to_coo(a), n, 4, queries=(10, 18), keys=(0, 40))
+    assert cell == 10 and grid.shape == (1, 4)
+    np.testing.assert_allclose(grid[0, 2], a[10:18, 20:30].sum() / 8, rtol=1e-5)
+    exact, cell = pool_grid(*dense_to_coo(a), n, 64, queries=(3, 5), keys=(7, 12))
+    assert cell == 1
+    np.testing.assert_allclose(exact, a[3:5, 7:12], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def fake_client():
+    from fastapi.testclient import TestClient
+    from http_fakes import FakeRunner, tokenizer_json
+
+    from service.app import create_app
+
+    with TestClient(create_app(Settings(max_length=256), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())) as client:
+        yield client
+
+
+TEXT = "the quick brown fox jumps over the lazy dog " * 3
+
+
+def test_windowed_attention_answers_only_the_window(fake_client):
+    whole = fake_client.post("/attention", json={"inputs": TEXT, "layer": 1}).json()
+    n = whole["n_tokens"]
+    assert whole["query_range"] == [0, n] and whole["key_range"] == [0, n] and len(whole["offsets"]) == n
+    start, stop = whole["offsets"][1]
+    assert TEXT[start:stop] == whole["tokens"][1] == "the"
+    body = {"inputs": TEXT, "layer": 1, "query_range": [4, 9], "key_range": [5, 12]}
+    part = fake_client.post("/attention", json=body).json()
+    assert part["query_range"] == [4, 9] and part["key_range"] == [5, 12]
+    rows, cols, vals = (np.array(whole[k]) for k in ("rows", "cols", "values"))
+    inside = (rows >= 4) & (rows < 9) & (cols >= 5) & (cols < 12)
+    assert part["rows"] == rows[inside].tolist() and part["cols"] == cols[inside].tolist()
+    np.testing.assert_allclose(part["values"], vals[inside])
+    grid = fake_client.post("/attention", json={**body, "format": "grid"}).json()
+    assert grid["cell_tokens"] == 1 and np.array(grid["grid"]).shape == (5, 7)
+    dense = np.zeros((n, n))
+    dense[rows, cols] = vals
+    np.testing.assert_allclose(grid["grid"], dense[4:9, 5:12], rtol=1e-6)
+    one_row = fake_client.post("/attention", json={"inputs": TEXT, "layer": 1, "query_range": [3, 4], "top_k": 2}).json()
+    assert one_row["rows"] == [3, 3]
+
+
+@pytest.mark.parametrize("window, param", [
+    ({"query_range": [5, 5]}, "query_range"),
+    ({"key_range": [9, 2]}, "key_range"),
+    ({"query_range": [0, 10_000]}, "query_range"),
+    ({"key_range": [1]}, "key_range"),
+    ({"key_range": [-1, 3]}, "key_range"),
+])
+def test_bad_windows_are_422_naming_the_field(fake_client, window, param):
+    r = fake_client.post("/attention", json={"inputs": TEXT, "layer": 0, **window})
+    assert r.status_code == 422, r.text
+    assert param in r.text
+
+
+def test_a_window_costs_its_own_answer():
+    """A sparse map that could hold more than max_attention_entries weights is refused whole,
+    and answered for a window whose queries x keys are fewer."""
+    from fastapi.testclient import TestClient
+    from http_fakes import FakeRunner, tokenizer_json
+
+    from service.app import create_app
+
+    app = create_app(Settings(max_length=256, max_attention_entries=60), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())
+    with TestClient(app) as client:
+        assert client.post("/attention", json={"inputs": TEXT, "layer": 0}).status_code == 413
+        r = client.post("/attention", json={"inputs": TEXT, "layer": 0, "query_range": [0, 8], "key_range": [0, 7]})
+        assert r.status_code == 200 and max(r.json()["rows"]) == 7 and max(r.json()["cols"]) == 6
+        assert client.post("/attention", json={"inputs": TEXT, "layer": 0, "query_range": [0, 8]}).status_code == 413

@@ -31,23 +31,46 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
     if body.head is not None and body.head >= service.num_heads:
         raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
     (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
-    await check_attention_budget(service, len(tokenized), body.head, (body.top_k or 0) if body.format == "sparse" else None)
+    n = len(tokenized)
+    queries, keys = _window(body.query_range, n, "query_range"), _window(body.key_range, n, "key_range")
+    per_row = None
+    if body.format == "sparse":
+        # The budget counts an answer as rows x weights per row over all n rows; a window holds
+        # at most its queries x min(its keys, top_k) weights, spread here over the n rows.
+        width = min(keys[1] - keys[0], body.top_k or n)
+        per_row = 0 if (queries, keys) == ((0, n), (0, n)) and body.top_k is None else -(-(queries[1] - queries[0]) * width // n)
+    await check_attention_budget(service, n, body.head, per_row)
     (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
     # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
-    return await asyncio.to_thread(_render, body, service, tokenized, rows, cols, values, ratios)
+    return await asyncio.to_thread(_render, body, service, tokenized, queries, keys, rows, cols, values, ratios)
 
 
-def _render(body: AttentionRequest, service: ServiceState, tokenized, rows, cols, values, ratios) -> Response:
+def _window(given: list[int] | None, n: int, name: str) -> tuple[int, int]:
+    """A request's token range as (start, stop), all n tokens when not given; 422 past the text."""
+    if given is None:
+        return 0, n
+    if given[1] > n:
+        raise ServiceError(422, f"{name} [{given[0]}, {given[1]}] ends past the text's {n} tokens: send stop <= {n}", "validation", name)
+    return given[0], given[1]
+
+
+def _render(body: AttentionRequest, service: ServiceState, tokenized, queries, keys, rows, cols, values, ratios) -> Response:
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
     values = np.asarray(values, dtype=np.float32)
     n = len(tokenized)
+    if (queries, keys) != ((0, n), (0, n)):
+        inside = (rows >= queries[0]) & (rows < queries[1]) & (cols >= keys[0]) & (cols < keys[1])
+        rows, cols, values = rows[inside], cols[inside], values[inside]
     common = {
         "variant": service.variant,
         "layer": body.layer,
         "head": body.head,
         "n_tokens": n,
         "tokens": tokenized.tokens,
+        "offsets": [[int(a), int(b)] for a, b in tokenized.offsets],
+        "query_range": list(queries),
+        "key_range": list(keys),
         "rank_collapse": [float(r) for r in ratios],
     }
     if body.format == "sparse":
@@ -62,7 +85,7 @@ def _render(body: AttentionRequest, service: ServiceState, tokenized, rows, cols
                 "top_k",
             )
         return _json({**common, "format": "sparse", "rows": rows.tolist(), "cols": cols.tolist(), "values": values.tolist()})
-    grid, cell = pool_grid(rows, cols, values, n, body.max_cells)
+    grid, cell = pool_grid(rows, cols, values, n, body.max_cells, queries, keys)
     if body.format == "png":
         return Response(heatmap_png(grid), media_type="image/png")
     return _json({**common, "format": "grid", "cell_tokens": cell, "grid": grid.tolist()})
