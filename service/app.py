@@ -16,7 +16,7 @@ from service.lifetime import RequestLifetimeMiddleware
 from service.metrics import ServiceMetrics
 from service.pooling import Pooling
 from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
-from service.routes import attention, chunks, embed, install_deployment_schema, meta, openai
+from service.routes import attention, chunks, embed, explorer, install_deployment_schema, meta, openai
 from service.settings import VERSION, Settings
 from service.state import ServiceState
 from service.tokenizer import TextTokenizer
@@ -97,7 +97,8 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
         lifespan=lifespan,
     )
     app.state.service = None
-    for module in (embed, chunks, openai, attention, meta):
+    app.state.settings = settings
+    for module in (embed, chunks, openai, attention, meta, explorer):
         app.include_router(module.router)
     install_deployment_schema(app)
     install_error_handlers(app)
@@ -108,4 +109,10 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
     app.add_middleware(BearerAuthMiddleware, api_key=api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(TimingMiddleware, service_getter=lambda: app.state.service)
+    if settings.explorer_peers:
+        # Outermost, so a browser's preflight is answered before auth asks for the key.
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=explorer.peer_origins(settings.explorer_peers),
+                           allow_methods=["GET", "POST"], allow_headers=["authorization", "content-type"])
     return app

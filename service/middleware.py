@@ -17,6 +17,8 @@ from service.errors import error_response
 log = logging.getLogger("attnserve")
 
 UNAUTHENTICATED_PATHS = ("/health", "/ready")
+# The explorer's page and files: the page itself asks for the key and sends it with its calls.
+UNAUTHENTICATED_PREFIXES = ("/explorer",)
 
 
 class TimingMiddleware:
@@ -121,7 +123,8 @@ class BearerAuthMiddleware:
         return key.lstrip(b" ") if scheme.lower() == b"bearer" else b""
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.expected is None or scope.get("path") in UNAUTHENTICATED_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or self.expected is None or path in UNAUTHENTICATED_PATHS or path.startswith(UNAUTHENTICATED_PREFIXES):
             return await self.app(scope, receive, send)
         key = self._key(scope)
         if key is None or not hmac.compare_digest(key, self.expected):

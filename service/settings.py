@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.pooling import Pooling
 
@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
     graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")
     request_timeout: float = Field(300.0, ge=0, description="seconds a request may take from arrival to answer; past it the server stops its work and answers 504 (0: no deadline)")
+    explorer_peers: Annotated[list[str], NoDecode] = Field(default_factory=list, description="URLs of other attnserve servers (http://host:port, CLI: comma separated) that /explorer's compare mode shows beside this one, and whose origins may call this server from a browser (CORS); list every server of a deployment on each (default empty: no compare mode, no CORS)")
 
     # ONNX Runtime.
     providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; default CUDA then CPU)")
@@ -94,7 +95,7 @@ class Settings(BaseSettings):
         self.api_key = SecretStr(key)
         return self
 
-    @field_validator("providers", mode="before")
+    @field_validator("providers", "explorer_peers", mode="before")
     @classmethod
     def _split_providers(cls, value: Any) -> Any:
         if isinstance(value, str):
