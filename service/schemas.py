@@ -89,14 +89,33 @@ TextOrTexts = Annotated[Text | Texts, Field(description="one text or a non-empty
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True)
+    # A field this server does not know is refused (422 naming it), as OpenAI's API does: a
+    # misspelt option (`truncation` for `truncate`) must not be ignored silently.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+def _no_prompts(name: Any) -> None:
+    if name is not None:
+        raise ValueError(f"this server has no prompts configured (got prompt_name {name!r}): send null or leave the field out")
+    return name
+
+
+# Fields TEI's clients send (huggingface_hub's feature_extraction among them), accepted for
+# the values this server can honour.
+TruncationDirection = Annotated[
+    Literal["right", "left", "Right", "Left"],
+    Field(description="with truncate=true, which end of a long input is cut: right keeps the start, left keeps the end"),
+]
+PromptName = Annotated[None, BeforeValidator(_no_prompts), Field(description="TEI's prompt name: this server has no prompts, so only null")]
 
 
 # -- text-embeddings-inference ---------------------------------------------------------------
 class EmbedRequest(_Strict):
     inputs: TextOrTexts
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413")
+    truncation_direction: TruncationDirection = "right"
     normalize: bool = Field(True, description="L2-normalised embeddings; false returns the mean-pooled hidden states as they are")
+    prompt_name: PromptName = None
 
 
 Span = Annotated[list[_int(ge=0)], Field(min_length=2, max_length=2, description="[start_char, end_char): Python string indices (Unicode code points)")]
@@ -145,6 +164,8 @@ class ChunkEmbedding(BaseModel):
 class EmbedAllRequest(_Strict):
     inputs: TextOrTexts
     truncate: bool = False
+    truncation_direction: TruncationDirection = "right"
+    prompt_name: PromptName = None
 
 
 TokenId = _int(ge=0, json_schema_extra=deployment_maximum("vocab_max"), description="0 .. vocabulary size - 1")
@@ -161,6 +182,7 @@ class TokenizeRequest(_Strict):
     inputs: TextOrTexts
     add_special_tokens: bool = True
     truncate: bool = False
+    prompt_name: PromptName = None
 
 
 class SimpleToken(BaseModel):

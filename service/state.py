@@ -64,17 +64,19 @@ class ServiceState:
                 param,
             )
 
-    async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True) -> list[Tokenized]:
+    async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True,
+                       keep_end: bool = False, remedy: str | None = None) -> list[Tokenized]:
         """Tokenize in the tokenization thread pool, recording each input's length in timings;
-        413 for a too-long input."""
+        413 for a too-long input, its message ending in `remedy` (default: send truncate=true)."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
+        encode = functools.partial(self.tokenizer.encode, texts, truncate, add_special_tokens, keep_end)
         try:
-            tokenized = await loop.run_in_executor(self.tokenization_pool, self.tokenizer.encode, texts, truncate, add_special_tokens)
+            tokenized = await loop.run_in_executor(self.tokenization_pool, encode)
             timings.input_tokens = [len(t) for t in tokenized]
             return tokenized
         except InputTooLong as exc:
-            raise ServiceError(413, str(exc), "too_long", param) from None
+            raise ServiceError(413, exc.advise(remedy) if remedy else str(exc), "too_long", param) from None
         except Exception as exc:  # the tokenizer refused the text
             raise ServiceError(422, f"the tokenizer could not read input: {exc}", "tokenizer", param) from None
         finally:

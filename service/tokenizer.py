@@ -26,10 +26,13 @@ from service.runtime import ExportError
 class InputTooLong(ValueError):
     def __init__(self, index: int, length: int, max_length: int, at_least: bool = False):
         self.index, self.length, self.max_length = index, length, max_length
-        super().__init__(
-            f"input {index} is {'more than ' if at_least else ''}{length} tokens long, longer than this server's limit of "
-            f"{max_length} tokens ([CLS] and [SEP] included); shorten it or send truncate=true"
-        )
+        self.fact = (f"input {index} is {'more than ' if at_least else ''}{length} tokens long, longer than this server's limit of "
+                     f"{max_length} tokens ([CLS] and [SEP] included)")
+        super().__init__(self.advise("shorten it or send truncate=true"))
+
+    def advise(self, remedy: str) -> str:
+        """The message with what the caller's API lets the user do about it."""
+        return f"{self.fact}; {remedy}"
 
 
 @dataclass
@@ -92,14 +95,16 @@ class TextTokenizer:
         # Texts longer than this many characters are tokenized a prefix at a time (0: never).
         self.prefix_chars = max_length * _PREFIX_CHARS_PER_TOKEN if _prefix_is_exact(self._tokenizer) else 0
 
-    def encode(self, texts: list[str], truncate: bool, add_special_tokens: bool = True) -> list[Tokenized]:
+    def encode(self, texts: list[str], truncate: bool, add_special_tokens: bool = True, keep_end: bool = False) -> list[Tokenized]:
         """Tokenize `texts`; raises InputTooLong for the first text over max_length unless
-        `truncate`."""
+        `truncate`, which keeps its first tokens, or its last with `keep_end` (TEI's
+        truncation_direction=left; [CLS] and [SEP] stay either way)."""
         texts = list(texts)
         encodings: list = [None] * len(texts)
         whole = []
         for index, text in enumerate(texts):
-            if self.prefix_chars and len(text) > self.prefix_chars:
+            # Keeping the end needs the whole text's tokens, so only the start is read in prefixes.
+            if self.prefix_chars and len(text) > self.prefix_chars and not (truncate and keep_end):
                 encodings[index] = self._encode_long(text, add_special_tokens)
             else:
                 whole.append(index)
@@ -114,12 +119,11 @@ class TextTokenizer:
             if n > self.max_length:
                 if not truncate:
                     raise InputTooLong(index, n, self.max_length, at_least=not complete)
-                keep = self.max_length - 1 if add_special_tokens else self.max_length
-                tail = slice(n - 1, n) if add_special_tokens else slice(0, 0)
-                ids = ids[:keep] + ids[tail]
-                tokens = tokens[:keep] + tokens[tail]
-                offsets = offsets[:keep] + offsets[tail]
-                special = special[:keep] + special[tail]
+                ends = 1 if add_special_tokens else 0  # [CLS] and [SEP], kept in place
+                body = self.max_length - 2 * ends
+                kept = slice(n - ends - body, n - ends) if keep_end else slice(ends, ends + body)
+                pick = lambda xs: xs[:ends] + xs[kept] + xs[n - ends:n]  # noqa: E731
+                ids, tokens, offsets, special = pick(ids), pick(tokens), pick(offsets), pick(special)
             out.append(Tokenized(ids, tokens, offsets, special, n))
         return out
 

@@ -57,6 +57,52 @@ def test_too_long_is_413_unless_truncate(client):
     assert r.status_code == 200 and len(r.json()[0]) == 384
 
 
+@pytest.mark.parametrize("path, body, field", [
+    ("/embed", {"inputs": "x", "truncation": True}, "truncation"),
+    ("/embed_chunks", {"inputs": "x", "chunk_size": 128}, "chunk_size"),
+    ("/embed_all", {"inputs": "x", "normalise": True}, "normalise"),
+    ("/tokenize", {"inputs": "x", "add_special": False}, "add_special"),
+    ("/decode", {"ids": [101], "skip_special": True}, "skip_special"),
+    ("/attention", {"inputs": "x", "layer": 0, "heads": 1}, "heads"),
+    ("/v1/embeddings", {"input": "x", "model": "m", "encoding": "float"}, "encoding"),
+])
+def test_unknown_field_is_422_naming_it(client, path, body, field):
+    r = client.post(path, json=body)
+    assert r.status_code == 422
+    message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
+    assert field in message and "extra" in message.lower()
+
+
+def test_fields_tei_and_openai_clients_send_are_accepted(client):
+    # huggingface_hub's feature_extraction: inputs, normalize, prompt_name, truncate, truncation_direction
+    r = client.post("/embed", json={"inputs": "x", "normalize": True, "prompt_name": None, "truncate": True, "truncation_direction": "Right"})
+    assert r.status_code == 200
+    # the openai client: input, model, encoding_format, dimensions, user
+    r = client.post("/v1/embeddings", json={"input": ["x"], "model": "m", "encoding_format": "base64", "dimensions": 8, "user": "u"})
+    assert r.status_code == 200
+    r = client.post("/embed", json={"inputs": "x", "prompt_name": "query"})
+    assert r.status_code == 422 and "no prompts" in r.json()["error"]
+
+
+def test_truncation_direction_left_keeps_the_end(client):
+    cycle = ["apple", "river", "stone", "cloud", "green", "music", "table"]  # one token each
+    words = ["first"] + [cycle[i % 7] for i in range(400)] + ["last"]
+    embed = lambda body: np.array(client.post("/embed", json=body).json()[0])  # noqa: E731
+    right = embed({"inputs": " ".join(words), "truncate": True})
+    left = embed({"inputs": " ".join(words), "truncate": True, "truncation_direction": "left"})
+    # 256 tokens: [CLS], 254 words, [SEP]
+    np.testing.assert_allclose(right, embed({"inputs": " ".join(words[:254])}), atol=1e-6)
+    np.testing.assert_allclose(left, embed({"inputs": " ".join(words[-254:])}), atol=1e-6)
+    assert not np.allclose(left, right)
+
+
+def test_v1_too_long_advises_what_v1_offers(client):
+    r = client.post("/v1/embeddings", json={"input": "word " * 400, "model": "m"})
+    assert r.status_code == 413
+    message = r.json()["error"]["message"]
+    assert "/embed_chunks" in message and "truncate=true" not in message.split("or to /embed")[0]
+
+
 def test_too_many_inputs(client):
     r = client.post("/embed", json={"inputs": ["x"] * 5})
     assert r.status_code == 413 and "limit of 4" in r.json()["error"]

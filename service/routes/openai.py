@@ -16,6 +16,9 @@ from service.tokenizer import InputTooLong
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
+# /v1/embeddings has no truncate field (OpenAI's API refuses long input too).
+TOO_LONG_REMEDY = "shorten it, or send a long document to /embed_chunks (one vector per chunk) or to /embed with truncate=true"
+
 
 @router.post("/embeddings", response_model=OpenAIEmbeddingResponse, responses=OPENAI_ERRORS)
 async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
@@ -38,12 +41,12 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
         if bad is not None:
             raise ServiceError(422, f"input {index} has token id {bad}, outside the vocabulary 0..{vocab - 1}", "validation", "input")
     if texts is not None:
-        tokenized = await service.tokenize(texts, False, timings, "input")
+        tokenized = await service.tokenize(texts, False, timings, "input", remedy=TOO_LONG_REMEDY)
     else:
         try:
             tokenized = service.tokenizer.from_ids(id_lists)
         except InputTooLong as exc:
-            raise ServiceError(413, str(exc), "too_long", "input") from None
+            raise ServiceError(413, exc.advise(TOO_LONG_REMEDY), "too_long", "input") from None
         timings.input_tokens = [len(t) for t in tokenized]
     vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
     if body.dimensions is not None:
