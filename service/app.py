@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import numpy as np
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from service.batching import TokenBudgetBatcher, default_batch_tokens
 from service.errors import install_error_handlers
@@ -90,7 +91,9 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
             await batcher.stop()
             pool.shutdown(wait=True)
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from files the fastapi-offline package ships,
+    # not from a CDN, so they work on a machine without internet.
+    app = FastAPIOffline(
         title="attnserve",
         version=VERSION,
         description="Long-document embeddings and attention maps from efficient-attention variants of all-MiniLM-L6-v2, on ONNX Runtime.",
