@@ -1,11 +1,11 @@
-"""Attention maps for people: top-k sparsification, pooling to a small grid, a PNG heatmap.
+"""Attention maps for people: top-k sparsification, pooling to a small grid, an annotated PNG
+heatmap.
 
-Pure numpy (and zlib for the PNG), so the serving image needs neither matplotlib nor torch.
+numpy, and Pillow for the PNG, so the serving image needs neither matplotlib nor torch.
 """
 from __future__ import annotations
 
-import struct
-import zlib
+import io
 
 import numpy as np
 
@@ -66,23 +66,85 @@ def colorize(grid: np.ndarray, decades: float = 4.0) -> np.ndarray:
     return np.round(_VIRIDIS[lo] * (1 - frac) + _VIRIDIS[hi] * frac).astype(np.uint8)
 
 
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """Encode an (H, W, 3) uint8 image as PNG (8-bit truecolour, no filtering)."""
-    height, width, _ = rgb.shape
-    raw = np.concatenate([np.zeros((height, 1), dtype=np.uint8), rgb.reshape(height, width * 3)], axis=1).tobytes()
+def _font(size: int):
+    from PIL import ImageFont
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    return ImageFont.load_default(size=size)  # Pillow's own font: nothing to install or find
 
 
-def heatmap_png(grid: np.ndarray, min_side: int = 256) -> bytes:
-    """A heatmap of `grid`, each cell scaled up to whole pixels so the image is at least
-    min_side pixels wide."""
-    scale = max(1, min_side // max(1, grid.shape[0]))
-    rgb = colorize(grid)
-    if scale > 1:
-        rgb = rgb.repeat(scale, axis=0).repeat(scale, axis=1)
-    return png_bytes(rgb)
+def _label(token: str, limit: int = 12) -> str:
+    return token if len(token) <= limit else token[: limit - 1] + "…"
+
+
+def _ticks(count: int, cell: int, start: int, pixels: float, every_px: int = 64) -> list[tuple[int, int]]:
+    """(cell index, first token index) at about every `every_px` pixels along an axis."""
+    step = max(1, int(np.ceil(every_px / pixels)))
+    return [(i, start + i * cell) for i in range(0, count, step)]
+
+
+def render_attention(grid: np.ndarray, cell: int, tokens: list[str], queries: tuple[int, int], keys: tuple[int, int],
+                     title: str, min_side: int = 512, decades: float = 4.0):
+    """An attention map as a PIL image for people: the heatmap (log scale, `decades` below its
+    largest weight) in whole pixels per cell, the most that fit min_side (or one a cell), query tokens
+    down the left and key tokens along the top once a cell is tall enough for a label (token
+    indices otherwise), a colour bar with its scale at the right, and `title` above. Its
+    `info` holds the boxes (left, top, right, bottom) of the map and the colour bar."""
+    from PIL import Image, ImageDraw
+
+    rows, cols = grid.shape
+    scale = max(1, min_side // max(1, rows, cols))
+    font, small = _font(12), _font(11)
+    exact = cell == 1 and scale >= 11
+    if exact:
+        left_labels = [(i, _label(tokens[queries[0] + i])) for i in range(rows)]
+        top_labels = [(j, _label(tokens[keys[0] + j])) for j in range(cols)]
+    else:
+        left_labels = [(i, str(t)) for i, t in _ticks(rows, cell, queries[0], scale)]
+        top_labels = [(j, str(t)) for j, t in _ticks(cols, cell, keys[0], scale)]
+    width_of = lambda text: int(np.ceil(small.getlength(text)))  # noqa: E731
+    left = 8 + max((width_of(t) for _, t in left_labels), default=0) + 6
+    key_depth = max((width_of(t) for _, t in top_labels), default=0) if exact else 14
+    top = 8 + 18 + 16 + key_depth + 6  # title, axis name, key labels
+    map_w, map_h = cols * scale, rows * scale
+    bar_x = left + map_w + 16
+    bar_w = 16
+    tick_labels = [f"{float(grid.max()) * 10.0 ** -d:.1e}" if grid.size and grid.max() > 0 else "0" for d in range(int(decades) + 1)]
+    width = bar_x + bar_w + 6 + max(width_of(t) for t in tick_labels) + 10
+    height = top + max(map_h, 120) + 24
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((8, 6), title, fill="black", font=font)
+    draw.text((left, 8 + 18), "keys ->", fill="#666666", font=small)
+    heat = Image.fromarray(colorize(grid, decades)).resize((map_w, map_h), Image.NEAREST)
+    image.paste(heat, (left, top))
+    for i, text in left_labels:
+        y = top + (i + 0.5) * scale
+        draw.text((left - 6, y), text, fill="black", font=small, anchor="rm")
+    for j, text in top_labels:
+        x = left + (j + 0.5) * scale
+        if exact:
+            # Written left to right on its own strip, then turned upright above its column.
+            strip = Image.new("RGB", (width_of(text) + 2, 14), "white")
+            ImageDraw.Draw(strip).text((0, 0), text, fill="black", font=small)
+            strip = strip.rotate(90, expand=True)
+            image.paste(strip, (int(x - strip.width / 2), top - 6 - strip.height))
+        else:
+            draw.text((x, top - 4), text, fill="black", font=small, anchor="mb")
+    draw.text((6, top + map_h + 6), "queries (down)", fill="#666666", font=small)
+    ramp = colorize(np.logspace(0.0, -decades, map_h)[:, None], decades)
+    image.paste(Image.fromarray(ramp).resize((bar_w, map_h), Image.NEAREST), (bar_x, top))
+    for d, text in enumerate(tick_labels):
+        y = top + round(d / decades * (map_h - 1))
+        draw.line([(bar_x + bar_w, y), (bar_x + bar_w + 4, y)], fill="black")
+        draw.text((bar_x + bar_w + 6, y), text, fill="black", font=small, anchor="lm")
+    draw.text((bar_x, top - 4), "weight (log)", fill="#666666", font=small, anchor="lb")
+    image.info["map_box"] = (left, top, left + map_w, top + map_h)
+    image.info["bar_box"] = (bar_x, top, bar_x + bar_w, top + map_h)
+    return image
+
+
+def attention_png(*args, **kwargs) -> bytes:
+    """render_attention(...) encoded as PNG."""
+    out = io.BytesIO()
+    render_attention(*args, **kwargs).save(out, format="PNG", optimize=False)
+    return out.getvalue()

@@ -1,13 +1,12 @@
-"""Attention rendering: top-k, grid pooling, PNG encoding; and settings <-> CLI flags."""
+"""Attention rendering: top-k, grid pooling, windows, the annotated PNG; and settings <-> CLI flags."""
 from __future__ import annotations
 
-import struct
-import zlib
+import io
 
 import numpy as np
 import pytest
 
-from service.rendering import colorize, heatmap_png, pool_grid, top_k_per_row
+from service.rendering import attention_png, colorize, pool_grid, render_attention, top_k_per_row
 from service.settings import Settings, add_settings_arguments, settings_from_args
 
 
@@ -38,29 +37,53 @@ def test_pool_grid_matches_dense_pooling():
     assert cell == 1 and small.shape == (n, n)
 
 
-def decode_png(data: bytes) -> np.ndarray:
+def image_of(data: bytes) -> np.ndarray:
+    from PIL import Image
+
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind = data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc
-        chunks[kind] = chunks.get(kind, b"") + body
-        pos += 12 + length
-    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
-    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8).reshape(height, 1 + width * 3)
-    assert (raw[:, 0] == 0).all()
-    return raw[:, 1:].reshape(height, width, 3)
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"))
 
 
-def test_png_round_trips_and_scales_up():
-    grid = np.array([[1.0, 0.0], [0.5, 0.001]])
-    image = decode_png(heatmap_png(grid, min_side=64))
-    assert image.shape == (64, 64, 3)
-    np.testing.assert_array_equal(image[0, 0], colorize(grid)[0, 0])
-    assert not np.array_equal(image[0, 0], image[0, 63])  # 1.0 and 0.0 differ
+def dark(pixels: np.ndarray) -> int:
+    """How many pixels are nearly black (text)."""
+    return int((pixels.max(axis=-1) < 90).sum())
+
+
+def test_png_has_the_map_token_labels_colour_bar_and_title():
+    n = 12
+    tokens = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
+    grid = np.eye(n, dtype=np.float32) * 0.9 + 0.1 / n
+    image = render_attention(grid, 1, tokens, (0, n), (0, n), "local, layer 3, head 1")
+    left, top, right, bottom = image.info["map_box"]
+    assert right - left == bottom - top == 512 // n * n
+    pixels = np.asarray(image.convert("RGB"))
+    side = (right - left) // n
+    # Each cell is one colour, the map's own: the diagonal the brightest.
+    np.testing.assert_array_equal(pixels[top + side // 2, left + side // 2], colorize(grid)[0, 0])
+    np.testing.assert_array_equal(pixels[top + side // 2, left + side + side // 2], colorize(grid)[0, 1])
+    assert dark(pixels[top:bottom, :left]) > 30 * n  # a query label beside each row
+    assert dark(pixels[top - 40:top, left:right]) > 30 * n  # a key label above each column
+    assert dark(pixels[:24, :]) > 100  # the title
+    bl, bt, br, bb = image.info["bar_box"]
+    bar = pixels[bt:bb, (bl + br) // 2]
+    np.testing.assert_array_equal(bar[0], colorize(np.array([[1.0]]))[0, 0])  # the largest weight at the top
+    np.testing.assert_array_equal(bar[-1], colorize(np.array([[1.0, 1e-5]]))[0, 1])  # 4 decades below at the bottom
+    assert dark(pixels[bt:bb, br:]) > 100  # the scale's numbers
+
+
+def test_png_of_a_long_map_labels_token_indices():
+    n = 3000
+    rows = np.arange(n).repeat(3)
+    cols = np.clip(rows + np.tile([-1, 0, 1], n), 0, n - 1)
+    grid, cell = pool_grid(rows, cols, np.full(len(rows), 1 / 3), n, 256)
+    data = attention_png(grid, cell, ["x"] * n, (0, n), (0, n), "local, layer 0, mean over heads")
+    pixels = image_of(data)
+    image = render_attention(grid, cell, ["x"] * n, (0, n), (0, n), "local, layer 0, mean over heads")
+    left, top, right, bottom = image.info["map_box"]
+    assert pixels.shape[:2] == (image.height, image.width)
+    assert dark(pixels[top:bottom, :left]) > 50  # token indices down the left
+    assert right - left == grid.shape[1] * ((right - left) // grid.shape[1])  # whole pixels per cell
 
 
 def test_every_setting_is_a_flag_and_an_env_var(monkeypatch):

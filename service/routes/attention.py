@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from service.batching import Timings
 from service.errors import ServiceError
-from service.rendering import heatmap_png, pool_grid, top_k_per_row
+from service.rendering import attention_png, pool_grid, top_k_per_row
 from service.routes import TEI_ERRORS
 from service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
 from service.state import ServiceState, check_attention_budget, get_service, get_timings, run_attention
@@ -87,7 +87,10 @@ def _render(body: AttentionRequest, service: ServiceState, tokenized, queries, k
         return _json({**common, "format": "sparse", "rows": rows.tolist(), "cols": cols.tolist(), "values": values.tolist()})
     grid, cell = pool_grid(rows, cols, values, n, body.max_cells, queries, keys)
     if body.format == "png":
-        return Response(heatmap_png(grid), media_type="image/png")
+        head = "mean over heads" if body.head is None else f"head {body.head}"
+        window = "" if (queries, keys) == ((0, n), (0, n)) else f", queries {queries[0]}-{queries[1] - 1} x keys {keys[0]}-{keys[1] - 1}"
+        title = f"{service.variant}, layer {body.layer}, {head}: {n} tokens{window}"
+        return Response(attention_png(grid, cell, tokenized.tokens, queries, keys, title), media_type="image/png")
     return _json({**common, "format": "grid", "cell_tokens": cell, "grid": grid.tolist()})
 
 
