@@ -1,10 +1,12 @@
 """`attnserve variants` and `attnserve bench encoder`."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
+from models.attention.base import AttentionConfig
 from models.registry import VARIANTS, make_config, parameters, variant_names
 from models.timing import interleaved_medians
 
@@ -25,12 +27,21 @@ def exactness(name: str, max_length: int = VARIANTS_MAX_LENGTH) -> str:
     return "all lengths" if exact >= max_length else f"<= {exact} tokens" if exact else "never"
 
 
-def variants_command(args) -> int:
+def variants_table() -> list[str]:
+    """The variants as a Markdown table (what `attnserve variants` prints and README.md shows):
+    cost, where each is exactly full attention, and the parameters of its own with defaults."""
     variant_names()
-    print(f"{'variant':<12} {'cost':<48} {'exact full attention':<21} parameters (defaults)")
+    common = {f.name for f in dataclasses.fields(AttentionConfig)}
+    lines = ["| variant | cost | exact full attention | parameters (defaults) |", "|---|---|---|---|"]
     for name, cls in VARIANTS.items():
-        params = ", ".join(f"{k}={v!r}" for k, v in parameters(name).items())
-        print(f"{name:<12} {cls.cost:<48} {exactness(name):<21} {params}")
+        own = ", ".join(f"{k}={v!r}" for k, v in parameters(name).items() if k not in common) or "-"
+        lines.append(f"| {name} | {cls.cost} | {exactness(name)} | {own} |")
+    shared = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(AttentionConfig))
+    return [*lines, "", f"Every variant also takes {shared}."]
+
+
+def variants_command(args) -> int:
+    print("\n".join(variants_table()))
     return 0
 
 

@@ -63,7 +63,7 @@ from models.pretrained import model_dir
 from models.registry import _variant, build_attention, make_config
 from models.weights import META_FILE
 # The export format is defined once, by its torch-free reader (the serving runtime).
-from service.runtime import FORMAT, pad_to, sha256
+from service.runtime import FORMAT, code_sha256, package_version, pad_to, recipe_sha256, sha256
 
 # Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
 # Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into
@@ -430,6 +430,27 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
     return {"lengths": lengths, "batches": [1, 3], "exact": exact, **{f"max_abs_diff_{k}": v for k, v in worst.items()}}
 
 
+def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str | None = None, *, analysis: bool = True,
+                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH) -> dict:
+    """Everything an export's graphs depend on: the variant's resolved parameters (so a default
+    spelled out is the same export), max_length, the adapted weights, the code that builds the
+    graphs and the versions of what converts them. `attnserve serve` caches an export under
+    its digest (service.exports.export_path), and the manifest records it."""
+    return {
+        "variant": config.variant,
+        "parameters": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
+        "max_length": max_length,
+        "weights_sha256": weights_sha256,
+        "attnserve": package_version("attnserve"),
+        "code_sha256": code_sha256(),
+        "opset": opset,
+        "analysis": analysis,
+        "optimize": optimize,
+        "max_batch": max_batch,
+        "versions": {name: package_version(name) for name in ("torch", "onnx", "onnxscript")},
+    }
+
+
 def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
@@ -526,6 +547,8 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         if path.exists():
             files[name] = {"sha256": sha256(path), "bytes": path.stat().st_size}
     shape = encoder.shape
+    recipe = export_recipe(config, max_length, weights["sha256"] if weights else None, analysis=analysis, opset=opset,
+                           optimize=optimize, max_batch=max_batch)
     manifest = {
         "format": FORMAT,
         "variant": variant,
@@ -553,6 +576,8 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         "verified": verified,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
                      "onnxruntime": _ort_version()},
+        "recipe": recipe,
+        "recipe_sha256": recipe_sha256(recipe),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "export_seconds": round(time.perf_counter() - started, 1),
     }

@@ -1,7 +1,8 @@
 """Where a deployment's export lives, and making it on first start.
 
-models_dir holds one export per (variant, params, max_length, adapted weights), named so that
-changing any of them makes a new one. Exporting needs torch and models/, imported only here and
+models_dir holds one export per recipe (models.export.export_recipe: the variant's resolved
+parameters, max_length, adapted weights, attnserve's code and the converters' versions), named
+after its digest, so that changing any of them makes a new one and a default spelled out does not. Exporting needs torch and models/, imported only here and
 only when no export exists yet.
 
 Adapted weights (`attnserve adapt --out DIR`) are found by the file names below; models.weights
@@ -9,15 +10,13 @@ reads and writes them with the same names, so serving an existing export never n
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from service.runtime import ExportError, read_manifest, sha256
+from service.runtime import ExportError, code_sha256, read_manifest, recipe_sha256, sha256
 from service.settings import Settings
 
 log = logging.getLogger("attnserve")
@@ -47,9 +46,9 @@ def weights_file(weights_dir) -> Path:
     return path
 
 
-def export_name(variant: str, params: dict, max_length: int, weights_sha256: str | None = None) -> str:
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{variant}-L{max_length}-{digest}" + (f"-w{weights_sha256[:10]}" if weights_sha256 else "")
+def export_name(recipe: dict) -> str:
+    """The folder under models_dir that holds the export of `recipe` (models.export.export_recipe)."""
+    return f"{recipe['variant']}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
 
 
 def weights_sha256(settings: Settings) -> str | None:
@@ -57,10 +56,20 @@ def weights_sha256(settings: Settings) -> str | None:
     return sha256(weights_file(settings.weights)) if settings.weights is not None else None
 
 
+def settings_recipe(settings: Settings) -> dict:
+    """The export recipe these settings ask for. Needs torch and models/ (the variant's
+    defaults): ImportError without them. ValueError for an unknown variant or parameter."""
+    from models.export import export_recipe
+    from models.registry import make_config
+
+    config = make_config(settings.variant, settings.max_length, **settings.params)
+    return export_recipe(config, settings.max_length, weights_sha256(settings))
+
+
 def export_path(settings: Settings) -> Path:
     if settings.export_dir is not None:
         return settings.export_dir
-    return settings.models_dir / export_name(settings.variant, settings.params, settings.max_length, weights_sha256(settings))
+    return settings.models_dir / export_name(settings_recipe(settings))
 
 
 def check_export_weights(target: Path, settings: Settings) -> None:
@@ -86,13 +95,21 @@ def ensure_export(settings: Settings) -> Path:
     export is written to a scratch directory beside the target and renamed into place, so an
     interrupted export never looks finished; that scratch directory is the only thing this
     ever removes."""
-    target = export_path(settings)
+    if settings.export_dir is not None:
+        target, recipe = settings.export_dir, None
+    else:
+        try:
+            recipe = settings_recipe(settings)
+        except ImportError as exc:  # no torch: serve a matching export made elsewhere, or say how to get one
+            return cached_export_without_torch(settings, exc)
+        target = settings.models_dir / export_name(recipe)
     if (target / "manifest.json").is_file():
         check_export_weights(target, settings)
+        log.info("serving the export at %s (%s)", target, describe_export(read_manifest(target)))
         return target
     check_export_target(target)
-    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once", target, settings.variant,
-                settings.max_length, settings.params, settings.weights)
+    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once%s", target, settings.variant,
+                settings.max_length, settings.params, settings.weights, why_not_cached(settings, recipe))
     try:
         from models.export import export_model  # torch: only when exporting
     except ImportError as exc:
@@ -131,3 +148,57 @@ def check_export_target(target: Path) -> None:
             f"attnserve exports only into an empty or new directory and never deletes files it did not write: "
             f"pass an empty or new --export-dir, or move the files out of {target}"
         )
+
+
+def describe_export(manifest: dict) -> str:
+    recipe = manifest.get("recipe") or {}
+    return (f"{manifest.get('variant')} at {manifest.get('max_length')} tokens, made {manifest.get('created', '?')} by attnserve "
+            f"{recipe.get('attnserve', '?')} (code {str(recipe.get('code_sha256', '?'))[:10]}) with torch "
+            f"{(manifest.get('versions') or {}).get('torch', '?')}")
+
+
+def _cached(settings: Settings) -> list[tuple[Path, dict]]:
+    """(directory, manifest) of each finished export under models_dir for this variant and
+    max_length, newest first."""
+    found = []
+    for manifest_path in settings.models_dir.glob(f"{settings.variant}-L{settings.max_length}-*/manifest.json"):
+        try:
+            found.append((manifest_path.parent, read_manifest(manifest_path.parent)))
+        except ExportError:
+            continue
+    return sorted(found, key=lambda item: str(item[1].get("created", "")), reverse=True)
+
+
+def why_not_cached(settings: Settings, recipe: dict | None) -> str:
+    """Why the exports already under models_dir for this variant and max_length do not serve
+    these settings: the recipe entries in which the newest one differs."""
+    if recipe is None:
+        return ""
+    cached = [(path, manifest.get("recipe") or {}) for path, manifest in _cached(settings)]
+    if not cached:
+        return ""
+    path, old = cached[0]
+    differ = [key for key in recipe if old.get(key) != recipe[key]]
+    reasons = {"code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
+               "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights"}
+    return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
+
+
+def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
+    """Without torch the variant's defaults are unknown, so the export is found by its
+    manifest: the newest under models_dir with this variant, max_length, weights and this
+    attnserve's code whose parameters agree with every one the settings name."""
+    weights, code = weights_sha256(settings), code_sha256()
+    for path, manifest in _cached(settings):
+        recipe = manifest.get("recipe") or {}
+        parameters = recipe.get("parameters") or {}
+        if (recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
+                and all(key in parameters and str(parameters[key]) == str(value) for key, value in settings.params.items())):
+            log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, describe_export(manifest))
+            check_export_weights(path, settings)
+            return path
+    raise ExportMissing(
+        f"no export of {settings.variant} at {settings.max_length} tokens for this attnserve's code under {settings.models_dir}, "
+        f"and exporting one needs torch and models/ (pip install 'attnserve[export]'): {cause}; or export on another machine "
+        f"(`attnserve export --variant {settings.variant} --max-length {settings.max_length} --out DIR`) and serve it with --export-dir DIR"
+    )

@@ -20,7 +20,9 @@ cut or run past what the graph was exported and checked for.
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
+import importlib.metadata
 import json
 import logging
 import threading
@@ -49,6 +51,53 @@ def sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def cuda_unavailable(ort) -> str | None:
+    """Why ONNX Runtime's CUDA provider cannot run here (None: it may; ORT then tries it): no
+    CUDA provider in this onnxruntime build, no NVIDIA driver, no GPU, or a library the
+    provider needs that is missing (what the dynamic loader says, e.g. libcublasLt.so.13)."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"this onnxruntime ({ort.__version__}) has no CUDA provider; install onnxruntime-gpu"
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver (libcuda.so.1 not found)"
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return "the NVIDIA driver sees no GPU"
+    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if library.is_file():
+        try:
+            ctypes.CDLL(str(library))
+        except OSError as exc:
+            if "cannot open shared object file" in str(exc):
+                return f"{exc} (install the CUDA and cuDNN versions onnxruntime-gpu {ort.__version__} needs)"
+    return None
+
+
+def code_sha256() -> str:
+    """sha256 of the sources of the `models` package (what builds an export's graphs), read as
+    files beside this package's (one distribution installs both), so that a machine without
+    torch, where `models` cannot be imported, computes it too."""
+    root = Path(__file__).resolve().parents[1] / "models"
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, without importing it (None when absent)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def recipe_sha256(recipe: dict) -> str:
+    """The digest an export is cached under: of everything its recipe lists."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def pad_to(ids: np.ndarray, mask: np.ndarray, multiple: int, minimum: int = 2):
@@ -155,12 +204,20 @@ class OnnxRunner:
         if graph_optimization not in _OPTIMIZATION_LEVELS:
             raise ValueError(f"graph_optimization must be one of {', '.join(_OPTIMIZATION_LEVELS)} (got {graph_optimization!r})")
         self.requested_providers = list(providers) if providers else list(DEFAULT_PROVIDERS)
+        # Decided from what is installed, so that a CPU machine logs one plain line instead of
+        # ONNX Runtime's error about the CUDA libraries it tried to load.
+        self.cuda_unavailable: str | None = cuda_unavailable(ort) if "CUDAExecutionProvider" in self.requested_providers else None
+        if self.cuda_unavailable:
+            self.requested_providers = [p for p in self.requested_providers if p != "CUDAExecutionProvider"] or ["CPUExecutionProvider"]
+            log.info("CUDA not available: %s; serving on CPU", self.cuda_unavailable)
         self._options = dict(intra=intra_op_threads, inter=inter_op_threads, level=graph_optimization)
         self._session = self._open("embedding")
         self.provider: str = self._session.get_providers()[0]
         self.providers: list[str] = self._session.get_providers()
         if self.provider != self.requested_providers[0]:
             log.warning("ONNX Runtime runs %s on %s (asked for %s)", self.export_dir, self.provider, self.requested_providers)
+        else:
+            log.info("ONNX Runtime runs %s on %s", self.export_dir, self.provider)
         # Where run() binds its outputs: on CUDA, device memory through IO binding; None: plain
         # session.run (on CPU a binding would only add copies).
         self.io_binding_device: str | None = "cuda" if self.provider == "CUDAExecutionProvider" else None

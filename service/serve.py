@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 from pydantic import ValidationError
@@ -43,6 +44,11 @@ def serve_command(args) -> int:
     from service.runtime import ExportError
     from service.tokenizer import TextTokenizer
 
+    busy = port_in_use(settings.host, settings.port)
+    if busy:  # before minutes of loading or exporting, and with a hint instead of uvicorn's "[Errno 98]"
+        print(f"attnserve serve: cannot listen on {settings.host}:{settings.port}: {busy}; another server (attnserve?) "
+              f"holds it: stop it, or pass --port N (ATTNSERVE_PORT) for a free port", file=sys.stderr)
+        return 2
     try:
         # Before binding the port: a first start may export for minutes.
         runner, export_dir = load_runner(settings)
@@ -68,3 +74,21 @@ def serve_command(args) -> int:
         access_log=settings.log_level == "debug",
     )
     return 0
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be bound now, None when it can (port 0 always can)."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None  # uvicorn reports a bad host in its own words
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None

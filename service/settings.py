@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,10 +26,10 @@ class Settings(BaseSettings):
     variant: str = Field("longformer", description="attention variant (see `attnserve variants`)")
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
     max_length: int = Field(16384, ge=2, description="longest input in tokens, [CLS] and [SEP] included")
-    models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per (variant, params, max_length)")
+    models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
-    model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (default attnserve-<variant served>)")
+    model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
     pooling: Literal["mean", "cls", "opening"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
@@ -41,10 +42,10 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
     graceful_shutdown_timeout: float = Field(60.0, gt=0, description="seconds to finish accepted requests on shutdown")
     request_timeout: float = Field(300.0, ge=0, description="seconds a request may take from arrival to answer; past it the server stops its work and answers 504 (0: no deadline)")
-    explorer_peers: Annotated[list[str], NoDecode] = Field(default_factory=list, description="URLs of other attnserve servers (http://host:port, CLI: comma separated) that /explorer's compare mode shows beside this one, and whose origins may call this server from a browser (CORS); list every server of a deployment on each (default empty: no compare mode, no CORS)")
+    explorer_peers: Annotated[list[str], NoDecode] = Field(default_factory=list, description="URLs of other attnserve servers (http://host:port, CLI: comma separated) that /explorer's compare mode shows beside this one, and whose origins may call this server from a browser (CORS); list every server of a deployment on each (empty: no compare mode, no CORS)")
 
     # ONNX Runtime.
-    providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; default CUDA then CPU)")
+    providers: list[str] | None = Field(None, description="execution providers in order (CLI: comma separated; none: CUDA if this machine can run it, then CPU)")
     intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default)")
     inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: its default)")
     arena_shrink_tokens: int = Field(8192, ge=0, description="a run of at least this many padded tokens (batch x length) gives ONNX Runtime's CPU memory arena back when it ends, so the process does not keep the peak of its longest documents (0: never; costs such runs about 15 to 25 percent on a CPU)")
@@ -111,14 +112,25 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _shown_default(field) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is None or value == [] or value == {}:
+        return "none"
+    if isinstance(value, SecretStr):
+        return "set"
+    return str(value)
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Settings field; flags left out fall back to ATTNSERVE_* and defaults."""
+    """One flag per Settings field, its help ending in its default and environment variable;
+    flags left out fall back to ATTNSERVE_* and defaults."""
     for name, field in Settings.model_fields.items():
-        help_text = f"{field.description} (env ATTNSERVE_{name.upper()})"
+        help_text = f"{field.description} (default: {_shown_default(field)}; env ATTNSERVE_{name.upper()})".replace("%", "%%")
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is Literal else None
         if name == "params":
             parser.add_argument("--param", dest="params", action="append", metavar="KEY=VALUE", help=help_text)
         else:
-            parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), help=help_text)
+            parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), choices=choices, help=help_text)
 
 
 def _parse_param(item: str) -> tuple[str, Any]:

@@ -1,6 +1,7 @@
 """The model-side CLI: `attnserve variants` and the quality metric."""
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -10,12 +11,20 @@ from models.quality import mean_reciprocal_rank
 
 def test_variants_lists_every_variant_with_parameters_and_cost():
     out = subprocess.run([sys.executable, "-m", "service.cli", "variants"], capture_output=True, text=True, check=True).stdout
-    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
-    assert list(lines) == variant_names()
-    assert "O(N^2)" in lines["full"] and "O(N * window)" in lines["local"]
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
+    assert list(rows) == variant_names()
+    assert "O(N^2)" in rows["full"] and "O(N * window)" in rows["local"]
+    shared = out.splitlines()[-1]
     for name in variant_names():
         for key, default in parameters(name).items():
-            assert f"{key}={default!r}" in lines[name]
+            assert f"{key}={default!r}" in rows[name] or f"{key}={default!r}" in shared
+
+
+def test_readme_variants_table_is_what_the_command_prints():
+    from models.cli import variants_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "\n".join(variants_table()) in readme, "README.md's variants table differs: paste `attnserve variants` there"
 
 
 def test_mean_reciprocal_rank():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,63 @@ def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_p
         ensure_export(settings)
     assert len(calls) == exported and (foreign / "keep.bin").read_bytes() == b"\0" * 10
     assert sorted(p.name for p in foreign.parent.iterdir()) == [foreign.name]  # no scratch left
+
+
+def _recipe_export(calls: list):
+    """export_model's part in ensure_export, writing a manifest with the recipe the real
+    export records (no graphs)."""
+    from models.export import export_recipe
+    from models.registry import make_config
+
+    from service.runtime import FORMAT
+
+    def export_model(variant, params, max_length, out_dir, weights=None):
+        calls.append((variant, dict(params)))
+        recipe = export_recipe(make_config(variant, max_length, **params), max_length)
+        Path(out_dir, "manifest.json").write_text(json.dumps({
+            "format": FORMAT, "variant": variant, "max_length": max_length, "length_multiple": 1, "hidden_size": 384,
+            "num_layers": 6, "num_heads": 12, "graphs": {}, "files": {}, "recipe": recipe, "created": f"2026-12-01T00:00:0{len(calls)}Z"}))
+
+    return export_model
+
+
+def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
+    import models.export
+
+    import service.exports
+    from service.exports import ExportMissing, ensure_export
+    from service.settings import Settings
+
+    calls: list = []
+    monkeypatch.setattr(models.export, "export_model", _recipe_export(calls))
+    models_dir = tmp_path / "models"
+    default = ensure_export(Settings(models_dir=models_dir, max_length=512))
+    # The default spelled out is the same export: nothing exported again.
+    assert ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "512"})) == default
+    assert len(calls) == 1
+    other = ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "256"}))
+    assert other != default and len(calls) == 2
+    # An upgrade (other code) exports anew, and says why the cached one does not fit.
+    monkeypatch.setattr(service.exports, "code_sha256", lambda: "0" * 64)
+    monkeypatch.setattr(models.export, "code_sha256", lambda: "0" * 64)
+    with caplog.at_level("WARNING", logger="attnserve"):
+        upgraded = ensure_export(Settings(models_dir=models_dir, max_length=512))
+    assert upgraded not in (default, other) and len(calls) == 3
+    assert "code_sha256 (attnserve's code changed)" in caplog.text
+
+    # Without torch the export is found by its manifest: code, variant, max_length, the
+    # parameters the settings name.
+    def no_torch(settings):
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(service.exports, "settings_recipe", no_torch)
+    assert ensure_export(Settings(models_dir=models_dir, max_length=512)) == upgraded
+    monkeypatch.undo()
+    monkeypatch.setattr(service.exports, "settings_recipe", no_torch)
+    assert ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "256"})) == other
+    with pytest.raises(ExportMissing, match="--export-dir DIR"):
+        ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "128"}))
+    assert len(calls) == 3
 
 
 def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path, monkeypatch):
@@ -411,3 +469,42 @@ def test_a_long_text_is_tokenized_only_in_part():
     spaced = "word" + " " * (fast.prefix_chars * 3) + "end"
     (ok,) = fast.encode([spaced], truncate=False)
     assert ok.tokens == ["[CLS]", "word", "end", "[SEP]"] and not ok.truncated
+
+
+# -- the command line: defaults shown, a busy port and an unknown variant refused up front ---------
+
+def test_serve_help_shows_every_default_and_env_variable():
+    from service.settings import Settings
+
+    result = subprocess.run([sys.executable, "-m", "service", "serve", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # Each option's entry, from its flag to the next flag, joined onto one line.
+    entries = re.split(r"\n  (?=--)", result.stdout.split("options:", 1)[1])
+    lines = {entry.split()[0]: " ".join(entry.split()) for entry in entries if entry.startswith("--")}
+    for name, field in Settings.model_fields.items():
+        flag = "--param" if name == "params" else "--" + name.replace("_", "-")
+        assert f"env ATTNSERVE_{name.upper()})" in lines[flag] and "(default: " in lines[flag], lines[flag]
+    for flag, default in (("--variant", "longformer"), ("--host", "127.0.0.1"), ("--port", "8080"), ("--max-length", "16384"),
+                          ("--models-dir", "~/.cache/attnserve")):
+        assert f"(default: {default};" in lines[flag]
+
+
+def test_serve_refuses_a_busy_port_with_a_hint(tmp_path):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_serve("--port", str(port), "--models-dir", str(tmp_path), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "--port N" in result.stderr
+    assert "Errno" not in result.stderr and not any(tmp_path.iterdir())  # nothing exported first
+
+
+def test_serve_refuses_an_unknown_variant_before_exporting(tmp_path):
+    result = run_serve("--variant", "longformerr", "--models-dir", str(tmp_path), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "longformerr" in result.stderr and "longformer" in result.stderr.replace("longformerr", "")
+    assert "exporting" not in result.stderr and not any(tmp_path.iterdir())

@@ -263,16 +263,23 @@ def test_serving_needs_neither_torch_nor_models(export_dir):
     from http_server import ServerProcess, free_port
 
     port = free_port()
-    proc = ServerProcess(["-c", _NO_TORCH, "serve", "--export-dir", str(export_dir), "--port", str(port),
-                          "--providers", "CPUExecutionProvider", "--log-level", "warning"], port)
+    # The default providers (CUDA, then CPU) and INFO logs: on a machine without CUDA the
+    # start says so in one plain line, and nothing is logged as an error.
+    proc = ServerProcess(["-c", _NO_TORCH, "serve", "--export-dir", str(export_dir), "--port", str(port), "--log-level", "info"], port)
     try:
         proc.wait_ready(180)
         r = httpx.post(proc.url + "/embed", json={"inputs": "no torch here"}, timeout=120)
         assert r.status_code == 200 and len(r.json()[0]) == 384
         r = httpx.post(proc.url + "/attention", json={"inputs": "no torch here", "layer": 1, "format": "grid"}, timeout=120)
         assert r.status_code == 200
+        provider = httpx.get(proc.url + "/info", timeout=60).json()["provider"]
     finally:
         proc.stop()
+    log = proc.log()
+    assert "ERROR" not in log and "[E:onnxruntime" not in log, log
+    assert f"runs {export_dir} on {provider}" in log
+    if provider == "CPUExecutionProvider":
+        assert log.count("CUDA not available: ") == 1, log
 
 
 # A variant that exports quickly at a short max_length: the first-start test pays for one
@@ -284,7 +291,8 @@ FIRST_START_MAX_LENGTH = 512
 def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
     from http_server import ServerProcess, free_port
 
-    from service.exports import export_name
+    from service.exports import export_path
+    from service.settings import Settings
 
     models_dir = tmp_path / "models"
     flags = ["--models-dir", str(models_dir), "--variant", FIRST_START_VARIANT, "--max-length", str(FIRST_START_MAX_LENGTH),
@@ -297,7 +305,7 @@ def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
         first.stop()
     assert "no export at" in first.log()  # the once-only export warning
     # One finished export where `serve` looks for it, no scratch directory left beside it.
-    export = models_dir / export_name(FIRST_START_VARIANT, {}, FIRST_START_MAX_LENGTH)
+    export = export_path(Settings(models_dir=models_dir, variant=FIRST_START_VARIANT, max_length=FIRST_START_MAX_LENGTH))
     assert [p.name for p in models_dir.iterdir()] == [export.name]
     manifest = json.loads((export / "manifest.json").read_text())
     assert {"model.onnx", "analysis.onnx", "tokenizer.json"} <= set(manifest["files"])

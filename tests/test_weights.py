@@ -116,15 +116,15 @@ def test_service_names_serves_and_reports_the_weights(adapted, served_export, tm
     from fastapi.testclient import TestClient
 
     from service.app import create_app
-    from service.exports import ensure_export, export_name, export_path
+    from service.exports import ensure_export, export_name, export_path, settings_recipe
     from service.settings import Settings
 
     weights_dir, _, digest = adapted
     export_dir, settings = served_export
     plain = Settings(variant=VARIANT, max_length=MAX_LENGTH, models_dir=settings.models_dir)
     assert export_dir == export_path(settings) != export_path(plain)
-    assert export_dir.name == export_name(VARIANT, {}, MAX_LENGTH, digest) and digest[:10] in export_dir.name
-    assert export_path(plain).name == export_name(VARIANT, {}, MAX_LENGTH)
+    assert export_dir.name == export_name(settings_recipe(settings)) and settings_recipe(settings)["weights_sha256"] == digest
+    assert export_path(plain).name == export_name(settings_recipe(plain)) and settings_recipe(plain)["weights_sha256"] is None
     assert ensure_export(settings) == export_dir  # found again by its name, not exported twice
 
     # /info through the whole serving path: settings -> export found by name -> runner.
