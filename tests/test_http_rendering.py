@@ -193,3 +193,44 @@ def test_a_window_costs_its_own_answer():
         r = client.post("/attention", json={"inputs": TEXT, "layer": 0, "query_range": [0, 8], "key_range": [0, 7]})
         assert r.status_code == 200 and max(r.json()["rows"]) == 7 and max(r.json()["cols"]) == 6
         assert client.post("/attention", json={"inputs": TEXT, "layer": 0, "query_range": [0, 8]}).status_code == 413
+
+
+def explorer_client(**settings):
+    from fastapi.testclient import TestClient
+    from http_fakes import FakeRunner, tokenizer_json
+
+    from service.app import create_app
+
+    return TestClient(create_app(Settings(max_length=256, **settings), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json()))
+
+
+def test_explorer_files_are_served_without_the_key():
+    with explorer_client(api_key="k") as client:
+        page = client.get("/explorer")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert '<script src="/explorer/explorer.js">' in page.text and "https://" not in page.text  # nothing from elsewhere
+        for name, kind in (("explorer.js", "text/javascript"), ("explorer.css", "text/css"), ("samples.json", "application/json")):
+            r = client.get(f"/explorer/{name}")
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
+        assert len(client.get("/explorer/samples.json").json()["samples"]) == 4
+        assert client.get("/explorer/config.json").json() == {"auth": True, "peers": []}
+        missing = client.get("/explorer/index.py")
+        assert missing.status_code == 404 and "explorer.js" in missing.json()["error"]
+        assert client.get("/explorer/%2e%2e/settings.py").status_code in (401, 404)
+        assert client.get("/info").status_code == 401  # everything else still needs the key
+
+
+def test_cors_and_compare_mode_only_for_configured_peers():
+    preflight = {"origin": "http://127.0.0.1:9002", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization,content-type"}
+    with explorer_client(api_key="k") as client:
+        assert "access-control-allow-origin" not in client.options("/attention", headers=preflight).headers
+    with explorer_client(api_key="k", explorer_peers="http://127.0.0.1:9001/, http://127.0.0.1:9002") as client:
+        assert client.get("/explorer/config.json").json()["peers"] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+        r = client.options("/attention", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://127.0.0.1:9002"
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        other = client.options("/attention", headers={**preflight, "origin": "http://example.com"})
+        assert "access-control-allow-origin" not in other.headers
+        r = client.post("/attention", json={"inputs": "a few words", "layer": 0}, headers={"origin": "http://127.0.0.1:9002", "authorization": "Bearer k"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://127.0.0.1:9002"
