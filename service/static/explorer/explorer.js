@@ -320,7 +320,9 @@ async function show(window = {}) {
     const [q0, q1] = answer.query_range, [k0, k1] = answer.key_range;
     const where = window.query_range ? `, queries ${q0}–${q1 - 1} x keys ${k0}–${k1 - 1}` : "";
     const exact = answer.cell_tokens === 1 ? "exact weights" : `${answer.cell_tokens} x ${answer.cell_tokens} tokens a cell`;
-    setStatus(`${answer.variant}, layer ${answer.layer}, head ${answer.head ?? "mean"}: ${answer.n_tokens} tokens${where}, ${exact} (${ms.toFixed(0)} ms)`);
+    // Texts go with truncate: true, so one longer than the server's max_length is cut there.
+    const cut = state.info && answer.n_tokens >= state.info.max_length ? ` (the server's max_length: a longer text is cut there)` : "";
+    setStatus(`${answer.variant}, layer ${answer.layer}, head ${answer.head ?? "mean"}: ${answer.n_tokens} tokens${cut}${where}, ${exact} (${ms.toFixed(0)} ms)`);
     if (state.config.peers.length && $("compare").checked && !window.query_range) await comparePeers();
   } catch (e) {
     setStatus(e.message, true);
