@@ -108,15 +108,17 @@ def ensure_export(settings: Settings) -> Path:
         log.info("serving the export at %s (%s)", target, describe_export(read_manifest(target)))
         return target
     check_export_target(target)
-    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once%s", target, settings.variant,
-                settings.max_length, settings.params, settings.weights, why_not_cached(settings, recipe))
+    # Before anything says "exporting": a serving-only install (no torch) never starts one.
     try:
         from models.export import export_model  # torch: only when exporting
     except ImportError as exc:
         raise ExportMissing(
-            f"no export at {target} (no manifest.json), and exporting one needs torch and models/ "
-            f"(pip install 'attnserve[export]'): {exc}"
+            f"no export at {target} (no manifest.json), and this install cannot make one ({exc}): export it where "
+            f"the export extra is installed (pip install 'attnserve[export]') with `{export_command(settings)}`, "
+            f"copy DIR here and serve it with --export-dir DIR"
         ) from exc
+    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once%s", target, settings.variant,
+                settings.max_length, settings.params, settings.weights, why_not_cached(settings, recipe))
 
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -136,6 +138,13 @@ def ensure_export(settings: Settings) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return target
+
+
+def export_command(settings: Settings) -> str:
+    """The `attnserve export` command line that makes the export these settings serve, into DIR."""
+    params = "".join(f" --param {key}={value}" for key, value in settings.params.items())
+    weights = f" --weights {settings.weights}" if settings.weights is not None else ""
+    return f"attnserve export --variant {settings.variant}{params} --max-length {settings.max_length}{weights} --out DIR"
 
 
 def check_export_target(target: Path) -> None:
