@@ -6,10 +6,8 @@
 # BASE_IMAGE is a CUDA runtime image (CUDA 13 + cuDNN 9: onnxruntime-gpu 1.31's CUDA provider
 # links libcudart.so.13) so the CUDA execution provider works on a GPU host; the service falls
 # back to the CPU provider elsewhere. Any Debian/Ubuntu image works: python3 and venv are
-# installed when the base lacks them. Where public images cannot be pulled, build with a
-# local base instead (see docker/README.md):
-#   docker build --network host --build-arg BASE_IMAGE=local/python:3.11-bookworm \
-#     --build-arg VARIANT=longformer -t attnserve:longformer .
+# installed when the base lacks them. `docker build -t attnserve .` builds on the CUDA base
+# below; docker/README.md has the path for machines that cannot pull public images.
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------

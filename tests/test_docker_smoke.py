@@ -1,8 +1,15 @@
 """Docker smoke test: build the image, run it, ask /health and /embed over loopback.
 
-Builds with the local base image (public images cannot be pulled here), starting a Docker
-engine and building that base image with the scripts in ../shared/docker when they are
-missing. Skips only when no Docker engine can be started at all.
+Two environment variables adapt it to a machine without public images (docker/README.md,
+"Building without internet"):
+
+- ATTNSERVE_TEST_BASE_IMAGE: the base image to build on (`--build-arg BASE_IMAGE`); unset, the
+  Dockerfile's default CUDA base.
+- ATTNSERVE_TEST_DOCKER_SCRIPTS: a folder holding start-dockerd.sh, run when no Docker engine
+  answers, and make-base-image.sh IMAGE, run when that base image is missing; unset, the
+  engine must be running and the base pullable.
+
+Skips only when no Docker engine answers and none can be started.
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +29,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DOCKER = ROOT.parent / "shared" / "docker"
-BASE_IMAGE = os.environ.get("ATTNSERVE_TEST_BASE_IMAGE", "local/python:3.11-bookworm")
+BASE_IMAGE = os.environ.get("ATTNSERVE_TEST_BASE_IMAGE") or None
+SCRIPTS = Path(os.environ["ATTNSERVE_TEST_DOCKER_SCRIPTS"]) if os.environ.get("ATTNSERVE_TEST_DOCKER_SCRIPTS") else None
 IMAGE = "attnserve:smoke"
 VARIANT = "longformer"
 MAX_LENGTH = 1024  # a small export keeps the build short
@@ -42,24 +50,39 @@ def docker_ok() -> bool:
 def ensure_engine() -> None:
     if docker_ok():
         return
-    script = SHARED_DOCKER / "start-dockerd.sh"
     why = "no docker CLI answers `docker info`"
-    if script.exists():
+    if SCRIPTS is None:
+        why += "; set ATTNSERVE_TEST_DOCKER_SCRIPTS to a folder with start-dockerd.sh to start one"
+    else:
+        script = SCRIPTS / "start-dockerd.sh"
         r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900)
         if docker_ok():
             return
-        why += f"; {script} failed: {(r.stderr or r.stdout).strip()[-500:]}"
-    else:
-        why += f" and {script} does not exist"
+        why += f"; ATTNSERVE_TEST_DOCKER_SCRIPTS: {script} failed: {(r.stderr or r.stdout).strip()[-500:]}"
     pytest.skip(f"cannot start a Docker engine: {why}")
 
 
 def ensure_base_image() -> None:
+    """Builds ATTNSERVE_TEST_BASE_IMAGE with make-base-image.sh when it is missing and the
+    scripts folder is given; otherwise `docker build` pulls the base itself."""
+    if BASE_IMAGE is None or SCRIPTS is None:
+        return
     if sh("docker", "image", "inspect", BASE_IMAGE, check=False).returncode == 0:
         return
-    r = subprocess.run(["bash", str(SHARED_DOCKER / "make-base-image.sh"), BASE_IMAGE],
+    r = subprocess.run(["bash", str(SCRIPTS / "make-base-image.sh"), BASE_IMAGE],
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, f"building the base image failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+
+
+def pip_find_links() -> list[Path]:
+    """The find-links folders pip is configured with (environment or config files)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
+    folders = []
+    for line in r.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            folders += [Path(f) for f in value.strip().strip("'\"").split()]
+    return folders
 
 
 def stage_cpu_torch_wheel() -> None:
@@ -69,8 +92,7 @@ def stage_cpu_torch_wheel() -> None:
     wheels = ROOT / "wheels"
     if list(wheels.glob("torch-2.13.0*.whl")):
         return
-    links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()
-    for folder in map(Path, links):
+    for folder in pip_find_links():
         found = sorted(folder.glob("torch-2.13.0+cpu-*.whl")) if folder.is_dir() else []
         if found:
             wheels.mkdir(exist_ok=True)
@@ -99,8 +121,8 @@ def image() -> str:
     ensure_engine()
     ensure_base_image()
     stage_cpu_torch_wheel()
-    cmd = ["docker", "build", "--network", "host",
-           "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+    base = ["--build-arg", f"BASE_IMAGE={BASE_IMAGE}"] if BASE_IMAGE else []
+    cmd = ["docker", "build", "--network", "host", *base,
            "--build-arg", f"VARIANT={VARIANT}",
            "--build-arg", f"MAX_LENGTH={MAX_LENGTH}",
            "-t", IMAGE, str(ROOT)]

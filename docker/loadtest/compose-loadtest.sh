@@ -3,11 +3,13 @@
 #   bash docker/loadtest/compose-loadtest.sh [loadtest.py options...]
 # e.g. bash docker/loadtest/compose-loadtest.sh --duration 20 --concurrency 2 --out reports/loadtest
 # SERVICES (default "full longformer bigbird lsh linformer") picks the services; the ports
-# are compose.yaml's defaults. Images must be built first (docker-compose ... build).
+# are compose.yaml's defaults. Images must be built first (docker compose ... build).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-compose=(docker-compose -f "$root/docker/compose.yaml")
+# Compose v2 (`docker compose`) where it is installed, else v1 (`docker-compose`).
+if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+compose+=(-f "$root/docker/compose.yaml")
 services=${SERVICES:-full longformer bigbird lsh linformer}
 declare -A port=([full]=${FULL_PORT:-8101} [longformer]=${LONGFORMER_PORT:-8102} [bigbird]=${BIGBIRD_PORT:-8103} [lsh]=${LSH_PORT:-8104} [linformer]=${LINFORMER_PORT:-8105})
 targets=()
