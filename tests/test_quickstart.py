@@ -123,9 +123,13 @@ def test_serving_only_install_serves_an_export_made_elsewhere(tmp_path, export_d
         "a serving-only install must not start an export"
 
     # The export made elsewhere: `attnserve export --out DIR`'s folder, copied where the README puts it.
+    # Here, without the export extra, that command names the install it needs.
     export = command(repo, r"attnserve export ")
     words = shlex.split(export)
     assert words[words.index("--out") + 1] == where, (export, serve)
+    refused = subprocess.run(["bash", "-c", export], cwd=repo, env=user_env(), capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "attnserve[export]" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert not target.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     target.symlink_to(export_dir, target_is_directory=True)
     served = Served(serve, repo, user_env(ATTNSERVE_MAX_LENGTH=str(MAX_LENGTH)))
