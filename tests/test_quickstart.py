@@ -16,11 +16,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from http_server import ROOT
 from test_http_server import MAX_LENGTH, export_dir  # noqa: F401  (the session's cached longformer export)
 
@@ -28,6 +30,13 @@ from service.bench import free_port, wait_until_healthy
 
 INSTALL_TIMEOUT = 900
 SERVE_READY_TIMEOUT = 240
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A folder for one clone; removed afterwards, since its venvs take 0.5 to 2 GB."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def quick_start(repo: Path) -> list[str]:
@@ -100,8 +109,8 @@ def run_curl_examples(served: Served, repo: Path) -> None:
         assert not (isinstance(body, dict) and "error" in body), f"`{curl}` answered an error: {out[:1000]}"
 
 
-def test_serving_only_install_serves_an_export_made_elsewhere(tmp_path, export_dir):  # noqa: F811
-    repo = clone(tmp_path / "serving")
+def test_serving_only_install_serves_an_export_made_elsewhere(workdir, export_dir):  # noqa: F811
+    repo = clone(workdir / "serving")
     install = command(repo, r"pip install \.$")
     run(install, repo, INSTALL_TIMEOUT)
     python = repo / ".venv" / "bin" / "python"
@@ -144,8 +153,8 @@ def test_serving_only_install_serves_an_export_made_elsewhere(tmp_path, export_d
         served.stop()
 
 
-def test_export_install_serves_and_runs_the_quality_bench(tmp_path, export_dir):  # noqa: F811
-    repo = clone(tmp_path / "export")
+def test_export_install_serves_and_runs_the_quality_bench(workdir, export_dir):  # noqa: F811
+    repo = clone(workdir / "export")
     install = command(repo, r"pip install -e '\.\[export\]'")
     assert "download.pytorch.org/whl/cpu" in install, "the export install must name PyTorch's CPU index"
     run(install, repo, INSTALL_TIMEOUT)
