@@ -29,7 +29,7 @@ sequence to a multiple of their block inside forward(); torch.export cannot prov
 identities that padding creates for every length (it raises on them), so the sequence axis is
 exported as `length_multiple * k` with k dynamic, and the runner pads every batch (attention
 mask 0) to that multiple before running it. Padding never changes the real tokens' outputs
-(every variant is batch/padding invariant, issue 2), and the parity check below compares ONNX
+(every variant is batch/padding invariant, tests/test_variants.py), and the parity check below compares ONNX
 Runtime on padded inputs with PyTorch on unpadded ones to prove it for each export.
 
 The exporter's own onnxscript optimiser is off by default: ONNX Runtime applies its graph

@@ -1,4 +1,4 @@
-"""Issue 3, must-show 3: a process in which `import torch` fails loads an export, tokenizes
+"""Serving without torch: a process in which `import torch` fails loads an export, tokenizes
 with the export's tokenizer.json and embeds text, matching PyTorch."""
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def test_the_dry_run_measures_every_variant_on_the_cpu(dry_run):
             for key in ("eager_fp32_ms", "eager_bf16_ms", "ort_ms", "ort_session_run_ms"):
                 assert row[key] > 0, (entry["variant"], row["length"], key)
             assert row["eager_fp32_calls"] >= 1 and row["ort_calls"] >= 1
-            # The target for ORT against PyTorch fp32; same weights, CPU against CPU here.
+            # The parity bound for ORT against PyTorch fp32; same weights, CPU against CPU here.
             assert row["max_abs_diff"] <= 1e-3 and row["strict_fp32_max_abs_diff"] <= 1e-3
             assert row["cosine"] > 0.999
             assert 0 < row["bf16_max_abs_diff"] < 0.5  # bf16 ran, and is not fp32 under another name

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import io
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +236,18 @@ def test_cors_and_compare_mode_only_for_configured_peers():
         assert "access-control-allow-origin" not in other.headers
         r = client.post("/attention", json={"inputs": "a few words", "layer": 0}, headers={"origin": "http://127.0.0.1:9002", "authorization": "Bearer k"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://127.0.0.1:9002"
+
+
+def test_compose_services_list_each_other_as_explorer_peers():
+    """docker compose: every variant's explorer can compare with all of them, itself included."""
+    import yaml
+
+    from service.settings import Settings
+
+    text = (Path(__file__).resolve().parents[1] / "docker" / "compose.yaml").read_text()
+    services = yaml.safe_load(re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text))["services"]  # compose's defaults, as with no .env
+    urls = {f"http://127.0.0.1:{service['environment']['ATTNSERVE_PORT']}" for service in services.values()}
+    assert len(urls) == len(services)
+    for name, service in services.items():
+        peers = Settings(explorer_peers=service["environment"]["ATTNSERVE_EXPLORER_PEERS"]).explorer_peers
+        assert set(peers) == urls, name

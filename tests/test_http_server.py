@@ -17,8 +17,6 @@ import pytest
 from http_checks import check_attention_formats
 from http_server import ROOT, start_real_server, terminate_while_busy
 
-pytest.importorskip("service.runtime", reason="service/runtime.py (issue 3) not there yet")
-pytest.importorskip("models.export", reason="models/export.py (issue 3) not there yet")
 
 MAX_LENGTH = 1024
 API_KEY = "test-key-123"
@@ -55,7 +53,7 @@ def export_dir(pytestconfig, tmp_path_factory) -> Path:
     settings = Settings(variant="longformer", max_length=MAX_LENGTH, models_dir=cache)
     target = export_path(settings)
     if not (target / "manifest.json").is_file():
-        # The export's own parity check is issue 3's test; here it would only add minutes.
+        # The export's own parity check has its own tests (test_export_parity.py); here it would only add minutes.
         from models.export import export_model
 
         export_model("longformer", {}, MAX_LENGTH, target, verify=False)
