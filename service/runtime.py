@@ -207,15 +207,17 @@ class OnnxRunner:
         # Decided from what is installed, so that a CPU machine logs one plain line instead of
         # ONNX Runtime's error about the CUDA libraries it tried to load.
         self.cuda_unavailable: str | None = cuda_unavailable(ort) if "CUDAExecutionProvider" in self.requested_providers else None
+        # What the sessions are opened with: the providers asked for, less CUDA where it cannot run.
+        self.session_providers = [p for p in self.requested_providers if not (self.cuda_unavailable and p == "CUDAExecutionProvider")]
+        self.session_providers = self.session_providers or ["CPUExecutionProvider"]
         if self.cuda_unavailable:
-            self.requested_providers = [p for p in self.requested_providers if p != "CUDAExecutionProvider"] or ["CPUExecutionProvider"]
             log.info("CUDA not available: %s; serving on CPU", self.cuda_unavailable)
         self._options = dict(intra=intra_op_threads, inter=inter_op_threads, level=graph_optimization)
         self._session = self._open("embedding")
         self.provider: str = self._session.get_providers()[0]
         self.providers: list[str] = self._session.get_providers()
-        if self.provider != self.requested_providers[0]:
-            log.warning("ONNX Runtime runs %s on %s (asked for %s)", self.export_dir, self.provider, self.requested_providers)
+        if self.provider != self.session_providers[0]:
+            log.warning("ONNX Runtime runs %s on %s (asked for %s)", self.export_dir, self.provider, self.session_providers)
         else:
             log.info("ONNX Runtime runs %s on %s", self.export_dir, self.provider)
         # Where run() binds its outputs: on CUDA, device memory through IO binding; None: plain
@@ -262,7 +264,7 @@ class OnnxRunner:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self._options["level"]]
         available = set(ort.get_available_providers())
-        providers = [p for p in self.requested_providers if p in available] or ["CPUExecutionProvider"]
+        providers = [p for p in self.session_providers if p in available] or ["CPUExecutionProvider"]
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs

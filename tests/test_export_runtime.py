@@ -57,8 +57,11 @@ def test_manifest_describes_the_export(export):
 def test_runner_reports_the_provider_that_runs(runner):
     import onnxruntime as ort
 
-    # Asked for CUDA then CPU (the default); without a GPU ORT falls back and says so.
+    # Asked for CUDA then CPU (the default); where CUDA cannot run, the sessions never try it
+    # and the runner says why.
     assert runner.requested_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if runner.cuda_unavailable:
+        assert runner.session_providers == ["CPUExecutionProvider"] and runner.provider == "CPUExecutionProvider"
     assert runner.provider == runner._session.get_providers()[0]
     assert runner.provider in ort.get_available_providers()
     if runner.provider == "CUDAExecutionProvider":

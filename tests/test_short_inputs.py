@@ -135,7 +135,7 @@ def test_variants_command_says_where_each_is_exact():
     import sys
 
     out = subprocess.run([sys.executable, "-m", "service.cli", "variants"], capture_output=True, text=True, check=True).stdout
-    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    lines = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
     assert "exact full attention" in out.splitlines()[0]
     assert "all lengths" in lines["full"]
     assert "<= 257 tokens" in lines["local"] and "<= 258 tokens" in lines["longformer"]
