@@ -209,5 +209,5 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
     raise ExportMissing(
         f"no export of {settings.variant} at {settings.max_length} tokens for this attnserve's code under {settings.models_dir}, "
         f"and exporting one needs torch and models/ (pip install 'attnserve[export]'): {cause}; or export on another machine "
-        f"(`attnserve export --variant {settings.variant} --max-length {settings.max_length} --out DIR`) and serve it with --export-dir DIR"
+        f"(`{export_command(settings)}`) and serve it with --export-dir DIR"
     )
