@@ -11,7 +11,7 @@ For each variant (full first: every ratio is to full attention):
    variants run first, several at a time, in worker processes);
 2. PyTorch eager on the device, batch 1, at each length: fp32 and bf16 (torch.autocast) latency
    and peak memory (torch.cuda.max_memory_allocated);
-3. ONNX Runtime through `service.runtime.OnnxRunner` on [CUDA, CPU] providers, batch 1, at each
+3. ONNX Runtime through `attnserve.service.runtime.OnnxRunner` on [CUDA, CPU] providers, batch 1, at each
    length: latency with the runner's IO binding and with plain session.run, the embedding's max
    abs diff to PyTorch fp32, the device memory the session holds;
 4. which nodes ONNX Runtime placed on the CPU provider and why (its graph-assignment record and
@@ -182,9 +182,9 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     import torch
     from torch import nn
 
-    from models.encoder import BertShape, LongContextEncoder
-    from models.export import length_multiple
-    from models.registry import make_config
+    from attnserve.models.encoder import BertShape, LongContextEncoder
+    from attnserve.models.export import length_multiple
+    from attnserve.models.registry import make_config
 
     class SeededEncoder(LongContextEncoder):
         """What models.export needs of models.api.Encoder, without its tokenizer."""
@@ -232,7 +232,7 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
 
     import torch
 
-    from models import export
+    from attnserve.models import export
 
     out = Path(out_dir)
     stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}"}
@@ -299,7 +299,7 @@ def timed(fn, repeats: int, cell_seconds: float = CELL_SECONDS) -> tuple[float, 
     """(median seconds, calls timed): untimed warm-up calls (the first pays for allocation and
     kernel and algorithm selection; a second unless the first alone passed cell_seconds), then
     `repeats` calls, fewer when one call is slow enough to pass cell_seconds."""
-    from models.timing import median_seconds
+    from attnserve.models.timing import median_seconds
 
     one = _seconds(fn)
     if one < cell_seconds:
@@ -481,7 +481,7 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
     latency with IO binding and with session.run, parity, device memory, throughput."""
     import numpy as np
 
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     figures: dict = {"errors": []}
     graph = export_dir / "model.onnx"
@@ -552,7 +552,7 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
 
 def _run_padded(session, ids, mask, export_dir: Path):
     """sentence_embedding from a bare session, inputs padded to the export's granule as the runner pads them."""
-    from service.runtime import pad_to, read_manifest
+    from attnserve.service.runtime import pad_to, read_manifest
 
     manifest = read_manifest(export_dir)
     pid, pm = pad_to(ids, mask, int(manifest["length_multiple"]), int(manifest.get("min_length", 2)))
@@ -566,7 +566,7 @@ def throughput_figures(runner, plan: dict, progress: Progress, variant: str) -> 
     inference thread), which forms the batches the service would."""
     import numpy as np
 
-    from service.batching import TokenBudgetBatcher, Timings, default_batch_tokens
+    from attnserve.service.batching import TokenBudgetBatcher, Timings, default_batch_tokens
 
     docs, tokens = plan["docs"], plan["doc_tokens"]
     ids, mask = token_inputs(docs, tokens, seed=tokens + 1)
@@ -625,7 +625,7 @@ def run(args) -> dict:
     env = check_environment(dry)
     import torch
 
-    from models.registry import variant_names
+    from attnserve.models.registry import variant_names
 
     names = variant_names() if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(names) - set(variant_names()))

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from service.documents import TRAIN_DOCUMENTS
+from attnserve.service.documents import TRAIN_DOCUMENTS
 
 STAGES = ("distill", "long")
 TEMPERATURE = 0.05  # InfoNCE temperature of stage "long"
@@ -109,8 +109,8 @@ class Distill:
     loss_text = "layer-local: each attention sub-layer on the teacher's input vs the teacher's output, relative squared error"
 
     def __init__(self, plan: Plan, student, train_rows, held_rows):
-        from models.api import load_encoder
-        from models.registry import VARIANTS
+        from attnserve.models.api import load_encoder
+        from attnserve.models.registry import VARIANTS
 
         self.window = plan.window or 512
         if not 8 <= self.window <= 512:
@@ -143,7 +143,7 @@ class Distill:
     def loss(self, student, rng) -> torch.Tensor:
         """Layer-local: each student attention sub-layer on the teacher's input against the
         teacher's sub-layer output, relative squared error over the real tokens, summed."""
-        from models.api import pad_batch
+        from attnserve.models.api import pad_batch
 
         picked = []
         for i in rng.integers(0, len(self.docs), self.batch):
@@ -175,7 +175,7 @@ class LongText:
                  f"negatives) and -> its best {CHUNK_TOKENS}-token late chunk (in-batch negatives), averaged")
 
     def __init__(self, plan: Plan, student, train_rows, held_rows):
-        from models.quality import passage
+        from attnserve.models.quality import passage
 
         if student.attention_config.positions != "learned":
             raise ValueError("stage long trains the offsets of positions=learned; pass --param positions=learned")
@@ -210,7 +210,7 @@ class LongText:
                       "documents_longer_than_512": len(self.docs)}
 
     def loss(self, student, rng) -> torch.Tensor:
-        from models.api import pad_batch
+        from attnserve.models.api import pad_batch
 
         picked = rng.choice(len(self.docs), size=min(self.batch, len(self.docs)), replace=False)
         input_ids, mask = pad_batch([self.docs[i] for i in picked])
@@ -230,8 +230,8 @@ class LongText:
 
     @torch.no_grad()
     def score(self, student) -> float:
-        from models.api import pad_batch
-        from models.quality import mean_reciprocal_rank
+        from attnserve.models.api import pad_batch
+        from attnserve.models.quality import mean_reciprocal_rank
 
         vectors, chunk_sets = [], []
         for ids in self.held_ids:  # one at a time: documents of up to max_length tokens
@@ -296,10 +296,10 @@ def adapt(plan: Plan, log=print) -> dict:
     """Run `plan`; returns what adapt.json records."""
     from tqdm import tqdm
 
-    from models.api import load_encoder
-    from models.registry import make_config
-    from models.weights import save_weights
-    from service.documents import read_jsonl
+    from attnserve.models.api import load_encoder
+    from attnserve.models.registry import make_config
+    from attnserve.models.weights import save_weights
+    from attnserve.service.documents import read_jsonl
 
     if plan.stage not in STAGES:
         raise ValueError(f"unknown stage {plan.stage!r}; valid: {', '.join(STAGES)}")
@@ -451,7 +451,7 @@ def configure(parser) -> None:
 def adapt_command(args) -> int:
     import sys
 
-    from models.export import parse_params
+    from attnserve.models.export import parse_params
 
     try:
         plan = Plan(variant=args.variant, params=parse_params(args.param), max_length=args.max_length, data=args.data,

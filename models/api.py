@@ -6,12 +6,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
-from models.pretrained import load_bert_weights, load_tokenizer
-from models.registry import make_config
-from models.sparse import to_sparse
-from models.weights import load_weights
-from service.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
+from attnserve.models.pretrained import load_bert_weights, load_tokenizer
+from attnserve.models.registry import make_config
+from attnserve.models.sparse import to_sparse
+from attnserve.models.weights import load_weights
+from attnserve.service.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
 # alone, short ones many at a time.

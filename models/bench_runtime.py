@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.flops import count_flops, matmul_peak_flops
-from models.timing import interleaved_medians, median_seconds
+from attnserve.models.flops import count_flops, matmul_peak_flops
+from attnserve.models.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 SHORT_LENGTHS = (16, 128)  # a retrieval query, a short passage
@@ -69,8 +69,8 @@ def _inputs(batch: int, length: int):
 
 
 def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
-    from models.export import export_model, short_graph_length
-    from models.registry import make_config
+    from attnserve.models.export import export_model, short_graph_length
+    from attnserve.models.registry import make_config
 
     out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
     manifest = out / "manifest.json"
@@ -99,8 +99,8 @@ def _ort_quadratic_bytes(variant: str, batch: int, length: int, heads: int, conf
     all N keys (cost O(N^2...)): it allocates the (B, H, N, N) float scores (twice, to be safe)
     for the HEADS_PER_NODE heads of one Attention node. Measured before heads were split
     across nodes: full at 16,384 tokens was OOM-killed at 14.8 GB resident on a 24 GB machine."""
-    from models.export import HEADS_PER_NODE
-    from models.registry import _variant
+    from attnserve.models.export import HEADS_PER_NODE
+    from attnserve.models.registry import _variant
 
     cost = str(getattr(_variant(variant), "cost", ""))
     if not cost.startswith("O(N^2"):
@@ -111,10 +111,10 @@ def _ort_quadratic_bytes(variant: str, batch: int, length: int, heads: int, conf
 
 def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=False,
                   log=print) -> list[dict]:
-    from models import load_encoder
-    from models.export import length_multiple
-    from models.registry import make_config
-    from service.runtime import OnnxRunner
+    from attnserve.models import load_encoder
+    from attnserve.models.export import length_multiple
+    from attnserve.models.registry import make_config
+    from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -188,9 +188,9 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     padded main-graph call, ONNX Runtime's spinning threads slow whatever runs next). Rows:
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
-    from models.export import short_graph_length
-    from models.registry import VARIANTS, make_config
-    from service.runtime import OnnxRunner
+    from attnserve.models.export import short_graph_length
+    from attnserve.models.registry import VARIANTS, make_config
+    from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
     names = ["full"] + [v for v in variants if v != "full"]
@@ -287,10 +287,10 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     asked for the embedding alone vs for everything, beside the embedding-only graph."""
     from torch import nn
 
-    from models import load_encoder
-    from models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, _ort_session,
+    from attnserve.models import load_encoder
+    from attnserve.models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, _ort_session,
                                analysis_layout, length_multiple, pad_to)
-    from models.registry import make_config
+    from attnserve.models.registry import make_config
 
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -333,7 +333,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
 
 
 def bench_runtime_command(args) -> int:
-    from models import variant_names
+    from attnserve.models import variant_names
 
     names = variant_names() if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in variant_names()]

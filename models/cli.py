@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from models.attention.base import AttentionConfig
-from models.registry import VARIANTS, make_config, parameters, variant_names
-from models.timing import interleaved_medians
+from attnserve.models.attention.base import AttentionConfig
+from attnserve.models.registry import VARIANTS, make_config, parameters, variant_names
+from attnserve.models.timing import interleaved_medians
 
 HEADS, HEAD_DIM = 12, 32
 
@@ -57,7 +57,7 @@ def configure_bench_encoder(parser):
 
 def _op_call(name, n):
     """One call of the variant's attention op on random q, k, v of n tokens."""
-    from models.registry import build_attention, make_config
+    from attnserve.models.registry import build_attention, make_config
 
     attention = build_attention(make_config(name, 16384), HEADS, HEAD_DIM, 16384).eval()
     g = torch.Generator().manual_seed(0)
@@ -96,8 +96,8 @@ def _timed(calls: dict, repeats: int) -> dict:
 
 
 def bench_encoder(args) -> int:
-    from models import load_encoder
-    from models.memory import measure
+    from attnserve.models import load_encoder
+    from attnserve.models.memory import measure
 
     names = ["full"] + [v for v in args.variants.split(",") if v and v != "full"]
     op_lengths = [int(x) for x in args.op_lengths.split(",") if x]

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention.base import POSITION_SCHEMES, AttentionConfig
-from models.registry import build_attention
+from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
+from attnserve.models.registry import build_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +164,7 @@ class LongContextEncoder(nn.Module):
 
     forward(input_ids, attention_mask) -> (sentence_embedding (B, hidden), last_hidden_state
     (B, N, hidden)). The user-facing methods (embed, attention_map, rank_collapse) live in
-    `models.api.Encoder`, which wraps this module with its tokenizer.
+    `attnserve.models.api.Encoder`, which wraps this module with its tokenizer.
     """
 
     def __init__(self, shape: BertShape, attention_config: AttentionConfig, max_length: int):

@@ -56,14 +56,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.api import Encoder, load_encoder
-from models.attention.base import MASKED, AttentionConfig
-from models.encoder import rank_collapse_ratio
-from models.pretrained import model_dir
-from models.registry import _variant, build_attention, make_config
-from models.weights import META_FILE
+from attnserve.models.api import Encoder, load_encoder
+from attnserve.models.attention.base import MASKED, AttentionConfig
+from attnserve.models.encoder import rank_collapse_ratio
+from attnserve.models.pretrained import model_dir
+from attnserve.models.registry import _variant, build_attention, make_config
+from attnserve.models.weights import META_FILE
 # The export format is defined once, by its torch-free reader (the serving runtime).
-from service.runtime import FORMAT, code_sha256, package_version, pad_to, recipe_sha256, sha256
+from attnserve.service.runtime import FORMAT, code_sha256, package_version, pad_to, recipe_sha256, sha256
 
 # Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
 # Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into

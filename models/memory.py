@@ -1,7 +1,7 @@
 """Peak memory of one encoder forward, measured in a fresh process.
 
 Used by the tests (a budget linear in N) and the encoder benchmark. Run as
-`python -m models.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
+`python -m attnserve.models.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
 
 The peak is the resident set size above what the process held just before the forward:
 ru_maxrss gives it exactly when the forward sets a new record for the process, but loading
@@ -71,7 +71,7 @@ def measure(variant: str, lengths: list[int], max_length: int = 16384) -> dict[i
 
 
 def _run(variant, lengths, max_length):
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     encoder = load_encoder(variant, max_length=max_length)
     ids = torch.randint(1000, 30000, (1, max(lengths)), generator=torch.Generator().manual_seed(0))

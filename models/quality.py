@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from service.documents import DEV_DOCUMENTS, read_jsonl
-from service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
+from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 NEEDLE_WORDS, NEEDLE_FROM = 30, 600
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
@@ -42,7 +42,7 @@ COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_leng
 
 
 def configure(parser):
-    from models.registry import variant_names
+    from attnserve.models.registry import variant_names
 
     parser.add_argument("--data", default=str(DEV_DOCUMENTS), help="JSONL (or .jsonl.gz) with a 'text' per line, optional 'query' and 'needle'")
     parser.add_argument("--variants", default=",".join(variant_names()), help="comma-separated variants ('' for baselines only)")
@@ -148,7 +148,7 @@ def chunk_bounds(encodings, rows, chunk_tokens: int, overlap_tokens: int = 0):
 
 def baselines(rows, encodings, args) -> list[dict]:
     """What a 512-token server does with the same documents and chunk boundaries."""
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     full = load_encoder("full", max_length=512)
     queries = full.embed([r["query"] for r in rows]).numpy()
@@ -179,7 +179,7 @@ def baselines(rows, encodings, args) -> list[dict]:
 def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_dir=None) -> list[dict]:
     """One pass per document; every pooling and the late chunks from the same hidden states.
     `weights_dir`: adapted weights to load the encoder with."""
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     system = f"{variant}+adapted" if weights_dir is not None else variant
@@ -232,7 +232,7 @@ def _row(system, result, seconds, documents, variant="", params=None, pooling="m
 
 
 def quality_command(args) -> int:
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     rows = load_documents(args.data, args.limit)
     params: dict[str, dict] = {}
@@ -285,7 +285,7 @@ def quality_command(args) -> int:
 
 def parse_weights(items: list[str], variants: list[str]) -> dict[str, str]:
     """--weights VARIANT=DIR items as {variant: dir}; each variant once, and one that runs."""
-    from models.weights import WeightsError, check_weights_dir
+    from attnserve.models.weights import WeightsError, check_weights_dir
 
     weights: dict[str, str] = {}
     for item in items:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from models.attention.base import Attention, AttentionConfig
+from attnserve.models.attention.base import Attention, AttentionConfig
 
 VARIANTS: dict[str, type[Attention]] = {}
 
@@ -86,4 +86,4 @@ def _convert(name: str, value, hint):
 
 def _load_all() -> None:
     # Importing the package runs every variant module's @register_attention.
-    import models.attention  # noqa: F401
+    import attnserve.models.attention  # noqa: F401

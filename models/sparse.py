@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from models.attention.base import SlotWeights
+from attnserve.models.attention.base import SlotWeights
 
 
 def _first(t: torch.Tensor, dims: int) -> torch.Tensor:

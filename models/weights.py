@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 # The file names, the error and the existence check are the serving side's (torch-free: it
 # names exports by the weights' sha256).
-from service.exports import META_FILE, WEIGHTS_FILE, WeightsError, weights_file
-from service.runtime import sha256
+from attnserve.service.exports import META_FILE, WEIGHTS_FILE, WeightsError, weights_file
+from attnserve.service.runtime import sha256
 
 __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
            "weights_file"]

@@ -11,16 +11,16 @@ import numpy as np
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from service.batching import TokenBudgetBatcher, default_batch_tokens
-from service.errors import install_error_handlers
-from service.lifetime import RequestLifetimeMiddleware
-from service.metrics import ServiceMetrics
-from service.pooling import Pooling
-from service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
-from service.routes import attention, chunks, embed, explorer, install_deployment_schema, meta, openai
-from service.settings import VERSION, Settings
-from service.state import ServiceState
-from service.tokenizer import TextTokenizer
+from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
+from attnserve.service.errors import install_error_handlers
+from attnserve.service.lifetime import RequestLifetimeMiddleware
+from attnserve.service.metrics import ServiceMetrics
+from attnserve.service.pooling import Pooling
+from attnserve.service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
+from attnserve.service.routes import attention, chunks, embed, explorer, install_deployment_schema, meta, openai
+from attnserve.service.settings import VERSION, Settings
+from attnserve.service.state import ServiceState
+from attnserve.service.tokenizer import TextTokenizer
 
 log = logging.getLogger("attnserve")
 
@@ -28,8 +28,8 @@ log = logging.getLogger("attnserve")
 def load_runner(settings: Settings):
     """The ONNX Runtime runner over this deployment's export (exported first if missing), and
     the export directory."""
-    from service.exports import ensure_export
-    from service.runtime import OnnxRunner
+    from attnserve.service.exports import ensure_export
+    from attnserve.service.runtime import OnnxRunner
 
     export_dir = ensure_export(settings)
     runner = OnnxRunner(

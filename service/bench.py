@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = DEV_DOCUMENTS
@@ -159,14 +159,14 @@ def start_serve(export_dir: Path, *flags: str, log_dir: Path | None = None) -> S
     """`attnserve serve` over an export, ready to take requests."""
     port = free_port()
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    argv = ["-m", "service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1", "--port", str(port),
+    argv = ["-m", "attnserve.service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "warning", *flags]
     return ServerProcess(argv, port, log_path=log_dir / f"attnserve-bench-{port}.log").wait_ready(300)
 
 
 def resolve_export(args) -> Path:
-    from service.exports import ensure_export
-    from service.settings import Settings
+    from attnserve.service.exports import ensure_export
+    from attnserve.service.settings import Settings
 
     params = dict(p.split("=", 1) for p in (args.param or []))
     params = {k: json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v for k, v in params.items()}
@@ -291,8 +291,8 @@ def _merge(runs: list[dict]) -> dict:
 
 
 def bench_service(args) -> int:
-    from service.runtime import OnnxRunner
-    from service.tokenizer import TextTokenizer
+    from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.tokenizer import TextTokenizer
 
     export_dir = resolve_export(args)
     providers = args.providers.split(",") if args.providers else None
@@ -395,7 +395,7 @@ def configure_bench_load(parser) -> None:
 def bench_load(args) -> int:
     from tqdm import tqdm
 
-    from service.tokenizer import TextTokenizer
+    from attnserve.service.tokenizer import TextTokenizer
 
     if args.url:
         from urllib.parse import urlparse

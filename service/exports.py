@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from service.runtime import ExportError, code_sha256, read_manifest, recipe_sha256, sha256
-from service.settings import Settings
+from attnserve.service.runtime import ExportError, code_sha256, read_manifest, recipe_sha256, sha256
+from attnserve.service.settings import Settings
 
 log = logging.getLogger("attnserve")
 
@@ -59,8 +59,8 @@ def weights_sha256(settings: Settings) -> str | None:
 def settings_recipe(settings: Settings) -> dict:
     """The export recipe these settings ask for. Needs torch and models/ (the variant's
     defaults): ImportError without them. ValueError for an unknown variant or parameter."""
-    from models.export import export_recipe
-    from models.registry import make_config
+    from attnserve.models.export import export_recipe
+    from attnserve.models.registry import make_config
 
     config = make_config(settings.variant, settings.max_length, **settings.params)
     return export_recipe(config, settings.max_length, weights_sha256(settings))
@@ -110,7 +110,7 @@ def ensure_export(settings: Settings) -> Path:
     check_export_target(target)
     # Before anything says "exporting": a serving-only install (no torch) never starts one.
     try:
-        from models.export import export_model  # torch: only when exporting
+        from attnserve.models.export import export_model  # torch: only when exporting
     except ImportError as exc:
         raise ExportMissing(
             f"no export at {target} (no manifest.json), and this install cannot make one ({exc}): export it where "

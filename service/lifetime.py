@@ -20,8 +20,8 @@ import logging
 
 from starlette.datastructures import MutableHeaders
 
-from service.batching import Overloaded
-from service.errors import error_response
+from attnserve.service.batching import Overloaded
+from attnserve.service.errors import error_response
 
 log = logging.getLogger("attnserve")
 

@@ -11,8 +11,8 @@ import time
 
 from starlette.datastructures import MutableHeaders
 
-from service.batching import Timings
-from service.errors import error_response
+from attnserve.service.batching import Timings
+from attnserve.service.errors import error_response
 
 log = logging.getLogger("attnserve")
 

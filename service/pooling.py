@@ -1,6 +1,6 @@
 """From token vectors to document and chunk vectors: pooling modes and late chunking.
 
-numpy only (no torch), so the service and the PyTorch API (`models.api.Encoder`) pool with the
+numpy only (no torch), so the service and the PyTorch API (`attnserve.models.api.Encoder`) pool with the
 same code. Every function takes one document's last hidden states `hidden` (n, d), [CLS] at 0
 and [SEP] at n - 1, padding already removed.
 

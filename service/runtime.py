@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
+from attnserve.service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
 
 log = logging.getLogger("attnserve")
 

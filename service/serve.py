@@ -29,8 +29,8 @@ def settings_errors(exc: ValidationError) -> str:
 def serve_command(args) -> int:
     import uvicorn
 
-    from service.app import create_app, load_runner
-    from service.settings import settings_from_args
+    from attnserve.service.app import create_app, load_runner
+    from attnserve.service.settings import settings_from_args
 
     try:
         settings = settings_from_args(args)
@@ -41,8 +41,8 @@ def serve_command(args) -> int:
         print(f"attnserve serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from service.runtime import ExportError
-    from service.tokenizer import TextTokenizer
+    from attnserve.service.runtime import ExportError
+    from attnserve.service.tokenizer import TextTokenizer
 
     busy = port_in_use(settings.host, settings.port)
     if busy:  # before minutes of loading or exporting, and with a hint instead of uvicorn's "[Errno 98]"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.pooling import Pooling
+from attnserve.service.pooling import Pooling
 
 VERSION = "0.1.0"
 

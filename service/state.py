@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import Request
 
-from service.attention_maps import SPARSE_ANSWER_BYTES
-from service.batching import Overloaded, RequestTooLarge, Timings, TokenBudgetBatcher
-from service.errors import ServiceError
-from service.metrics import ServiceMetrics
-from service.pooling import Pooling
-from service.settings import Settings
-from service.tokenizer import InputTooLong, TextTokenizer, Tokenized
+from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
+from attnserve.service.batching import Overloaded, RequestTooLarge, Timings, TokenBudgetBatcher
+from attnserve.service.errors import ServiceError
+from attnserve.service.metrics import ServiceMetrics
+from attnserve.service.pooling import Pooling
+from attnserve.service.settings import Settings
+from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from service.runtime import ExportError
+from attnserve.service.runtime import ExportError
 
 
 class InputTooLong(ValueError):

@@ -7,7 +7,7 @@ torch.manual_seed(0)
 @pytest.fixture(scope="session")
 def encoders():
     """One loaded encoder per (variant, max_length), shared by the tests."""
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     cache = {}
 

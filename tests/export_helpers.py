@@ -28,9 +28,9 @@ def get_export(variant: str, max_length: int, analysis: bool = False):
     """(export_dir, encoder): the export and the very PyTorch encoder it was made from."""
     import torch
 
-    from models import load_encoder
-    from models.export import export_encoder, length_multiple
-    from models.registry import make_config
+    from attnserve.models import load_encoder
+    from attnserve.models.export import export_encoder, length_multiple
+    from attnserve.models.registry import make_config
 
     analysis = analysis or (variant, max_length) == (SHARED_VARIANT, SHARED_MAX_LENGTH)
     key = (variant, max_length, analysis)

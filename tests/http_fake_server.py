@@ -8,8 +8,8 @@ import argparse
 import uvicorn
 from http_fakes import FakeRunner, tokenizer_json
 
-from service.app import create_app
-from service.settings import add_settings_arguments, settings_from_args
+from attnserve.service.app import create_app
+from attnserve.service.settings import add_settings_arguments, settings_from_args
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--delay", type=float, default=0.0)

@@ -79,7 +79,7 @@ class FakeRunner:
         return rows, cols, values
 
     def attention_cost(self, n, head=None):
-        from service.attention_maps import MapCost
+        from attnserve.service.attention_maps import MapCost
 
         return MapCost(entries=5 * n, work_bytes=5 * n * 64)
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import httpx
 
-from service.bench import ServerProcess as _ServerProcess
-from service.bench import free_port, metric_value
+from attnserve.service.bench import ServerProcess as _ServerProcess
+from attnserve.service.bench import free_port, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class ServerProcess(_ServerProcess):
-    """service.bench's server subprocess with the tests' defaults: tests/ importable (the fake
+    """attnserve.service.bench's server subprocess with the tests' defaults: tests/ importable (the fake
     server and the torch-blocking wrappers), a log named for the tests, 30 s to stop."""
 
     def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):
@@ -40,7 +40,7 @@ def start_real_server(export_dir: Path | None, *args: str, env: dict | None = No
     """`attnserve serve` over `export_dir`, or (None) over the export its flags name."""
     port = free_port()
     where = ["--export-dir", str(export_dir)] if export_dir is not None else []
-    argv = ["-m", "service", "serve", *where, "--port", str(port), "--log-level", "warning", *args]
+    argv = ["-m", "attnserve.service", "serve", *where, "--port", str(port), "--log-level", "warning", *args]
     return ServerProcess(argv, port, env=env).wait_ready(ready_timeout)
 
 

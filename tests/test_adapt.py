@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from models import load_encoder
-from models.adapt import Plan, adapt, trainable
-from models.registry import build_attention, make_config
-from service.documents import TRAIN_DOCUMENTS, read_jsonl
+from attnserve.models import load_encoder
+from attnserve.models.adapt import Plan, adapt, trainable
+from attnserve.models.registry import build_attention, make_config
+from attnserve.service.documents import TRAIN_DOCUMENTS, read_jsonl
 
 MAX_LENGTH = 256
 
@@ -69,8 +69,8 @@ def test_adapted_export_matches_pytorch(adapted, tmp_path):
     """Weights round-trip: adapt -> export --weights -> ONNX Runtime equals the PyTorch encoder."""
     import onnxruntime as ort
 
-    from models.api import pad_batch
-    from models.export import export_model
+    from attnserve.models.api import pad_batch
+    from attnserve.models.export import export_model
 
     out, _ = adapted
     export_model("linformer", {"k": 32}, MAX_LENGTH, tmp_path, analysis=False, weights=out, log=lambda *a: None)
@@ -115,7 +115,7 @@ def test_trainable_is_the_variant_parameters_only():
 
 def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "service.cli", "adapt", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
+        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
                               capture_output=True, text=True)
 
     fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))
@@ -162,7 +162,7 @@ def test_long_stage_needs_learned_positions_and_a_long_window(train_file, tmp_pa
 
 
 def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
-    from models.adapt import late_chunks, max_chunk_scores
+    from attnserve.models.adapt import late_chunks, max_chunk_scores
 
     hidden = torch.randn(2, 1 + 10, 4, generator=torch.Generator().manual_seed(0))
     mask = torch.ones(2, 11, dtype=torch.long)
@@ -180,7 +180,7 @@ def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
 def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
     from pathlib import Path
 
-    from service.runtime import sha256
+    from attnserve.service.runtime import sha256
 
     presets = sorted((Path(__file__).resolve().parents[1] / "weights").glob("*/adapt.json"))
     assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}

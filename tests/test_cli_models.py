@@ -5,12 +5,12 @@ from pathlib import Path
 
 import torch
 
-from models import parameters, variant_names
-from models.quality import mean_reciprocal_rank
+from attnserve.models import parameters, variant_names
+from attnserve.models.quality import mean_reciprocal_rank
 
 
 def test_variants_lists_every_variant_with_parameters_and_cost():
-    out = subprocess.run([sys.executable, "-m", "service.cli", "variants"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", "variants"], capture_output=True, text=True, check=True).stdout
     rows = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
     assert list(rows) == variant_names()
     assert "O(N^2)" in rows["full"] and "O(N * window)" in rows["local"]
@@ -21,7 +21,7 @@ def test_variants_lists_every_variant_with_parameters_and_cost():
 
 
 def test_readme_variants_table_is_what_the_command_prints():
-    from models.cli import variants_table
+    from attnserve.models.cli import variants_table
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "\n".join(variants_table()) in readme, "README.md's variants table differs: paste `attnserve variants` there"
@@ -37,8 +37,8 @@ def test_mean_reciprocal_rank():
 def test_flop_count_of_the_full_encoder_is_its_matrix_products():
     """count_flops (behind bench runtime's ceilings) counts every projection, FFN and the CPU
     attention kernel FlopCounterMode alone misses: 6 layers at n tokens, multiply-add = 2."""
-    from models import load_encoder
-    from models.flops import count_flops
+    from attnserve.models import load_encoder
+    from attnserve.models.flops import count_flops
 
     encoder = load_encoder("full", 256)
     n, width, inner = 100, 384, 1536
@@ -52,7 +52,7 @@ def test_bench_runtime_prints_ratios_and_ceilings(tmp_path):
     import json
 
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "bench", "runtime", "--variants", "strided", "--lengths", "64,130",
+        [sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--variants", "strided", "--lengths", "64,130",
          "--threads", "2", "--repeats", "1", "--json", str(tmp_path / "rows.json")],
         capture_output=True, text=True, check=True, timeout=600,
     ).stdout
@@ -69,7 +69,7 @@ def test_bench_encoder_writes_every_table(tmp_path):
     import csv
 
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "bench", "encoder", "--variants", "local,synthesizer", "--op-lengths", "256",
+        [sys.executable, "-m", "attnserve.service.cli", "bench", "encoder", "--variants", "local,synthesizer", "--op-lengths", "256",
          "--lengths", "130", "--repeats", "1", "--op-repeats", "2", "--hf-length", "256", "--out", str(tmp_path)],
         capture_output=True, text=True, check=True, timeout=600,
     ).stdout
@@ -86,7 +86,7 @@ def test_bench_encoder_writes_every_table(tmp_path):
 def test_maxp_scores_a_document_by_its_best_chunk():
     import numpy as np
 
-    from models.quality import ranks
+    from attnserve.models.quality import ranks
 
     queries = np.eye(3)
     chunks = np.array([[0, 1, 0], [1, 0, 0], [0.9, 0.1, 0], [0, 0, 1]])  # doc 0: chunks 0-1, doc 1: chunk 2, doc 2: chunk 3
@@ -100,7 +100,7 @@ def test_maxp_scores_a_document_by_its_best_chunk():
 def test_documents_without_queries_get_self_supervised_ones(tmp_path):
     import json
 
-    from models.quality import load_documents
+    from attnserve.models.quality import load_documents
 
     words = " ".join(f"w{i}" for i in range(900))
     path = tmp_path / "docs.jsonl"
@@ -117,12 +117,12 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
     import csv
     import json
 
-    from service.documents import DEV_DOCUMENTS, read_jsonl
+    from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
 
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in read_jsonl(DEV_DOCUMENTS, limit=6)))
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "bench", "quality", "--data", str(data), "--max-length", "600",
+        [sys.executable, "-m", "attnserve.service.cli", "bench", "quality", "--data", str(data), "--max-length", "600",
          "--variants", "local", "--chunk-tokens", "128", "--opening-weight", "0.3,0.6", "--out", str(tmp_path / "q")],
         capture_output=True, text=True, check=True, timeout=600,
     ).stdout

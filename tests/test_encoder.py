@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from models import load_encoder, variant_names
-from models.memory import measure
-from models.pretrained import model_dir
-from service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.models import load_encoder, variant_names
+from attnserve.models.memory import measure
+from attnserve.models.pretrained import model_dir
+from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
 SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]
@@ -116,7 +116,7 @@ def test_rank_collapse_per_layer(encoders):
 
 
 def test_rank_collapse_ratio_is_zero_for_identical_tokens():
-    from models.encoder import rank_collapse_ratio
+    from attnserve.models.encoder import rank_collapse_ratio
 
     x = torch.randn(1, 1, 8).expand(1, 10, 8)
     assert rank_collapse_ratio(x).item() <= 1e-6

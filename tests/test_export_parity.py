@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from export_helpers import SHARED_MAX_LENGTH, get_export, padded_batch
-from models import variant_names
-from models.encoder import rank_collapse_ratio
-from models.export import DISCONTINUOUS_MIN_COSINE, cosines, is_discontinuous
+from attnserve.models import variant_names
+from attnserve.models.encoder import rank_collapse_ratio
+from attnserve.models.export import DISCONTINUOUS_MIN_COSINE, cosines, is_discontinuous
 
 LONG = SHARED_MAX_LENGTH  # 8,200
 CASES = [[77], [1001, 640, 13], [LONG]]
@@ -50,7 +50,7 @@ def replayed_decisions(encoder, runner, ids, mask):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", variant_names())
 def test_onnx_runtime_matches_pytorch(variant):
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     discontinuous = is_discontinuous(variant)
     export_dir, encoder = get_export(variant, LONG, analysis=discontinuous)

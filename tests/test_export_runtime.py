@@ -22,7 +22,7 @@ def export():
 
 @pytest.fixture(scope="module")
 def runner(export):
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     return OnnxRunner(export[0], intra_op_threads=2)
 
@@ -30,7 +30,7 @@ def runner(export):
 def test_manifest_describes_the_export(export):
     import onnx
 
-    from models.export import sha256
+    from attnserve.models.export import sha256
 
     export_dir, encoder = export
     manifest = json.loads((export_dir / "manifest.json").read_text())
@@ -117,7 +117,7 @@ def test_attention_map_matches_the_encoder(export, runner, head):
         rows, cols, values = runner.attention(arr, np.ones_like(arr), layer, head)
         with torch.no_grad():
             _, _, weights = encoder(torch.tensor(arr), torch.ones(1, n, dtype=torch.long), weights_layer=layer)
-        from models.sparse import to_sparse
+        from attnserve.models.sparse import to_sparse
 
         expected = to_sparse(weights, n, head)
         idx, val = expected.indices().numpy(), expected.values().numpy()
@@ -132,7 +132,7 @@ def test_attention_map_matches_the_encoder(export, runner, head):
 def test_attention_pieces_cover_the_whole_batch(export, runner):
     """attention_pieces: every layer of every document, in compact form, from one run; its
     first document's layer is what attention() turns into COO."""
-    from service.runtime import compact_to_coo
+    from attnserve.service.runtime import compact_to_coo
 
     ids, mask = padded_batch([300, 77], seed=4)
     pieces = runner.attention_pieces(ids, mask)
@@ -184,7 +184,7 @@ def _copy(export, tmp_path):
 
 
 def test_missing_model_is_a_clear_error(export, tmp_path):
-    from service.runtime import ExportError, OnnxRunner
+    from attnserve.service.runtime import ExportError, OnnxRunner
 
     target = _copy(export, tmp_path)
     (target / "model.onnx").unlink()
@@ -199,8 +199,8 @@ def test_missing_model_is_a_clear_error(export, tmp_path):
 
 
 def test_corrupt_model_is_a_clear_error(export, tmp_path):
-    from models.export import sha256
-    from service.runtime import ExportError, OnnxRunner
+    from attnserve.models.export import sha256
+    from attnserve.service.runtime import ExportError, OnnxRunner
 
     target = _copy(export, tmp_path)
     model = target / "model.onnx"
@@ -219,7 +219,7 @@ def test_corrupt_model_is_a_clear_error(export, tmp_path):
 
 
 def test_manifest_mismatch_is_a_clear_error(export, tmp_path):
-    from service.runtime import ExportError, OnnxRunner
+    from attnserve.service.runtime import ExportError, OnnxRunner
 
     target = _copy(export, tmp_path)
     manifest_path = target / "manifest.json"
@@ -256,7 +256,7 @@ class _ShapeBranch(nn.Module):
 
 
 def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
-    from models.export import ExportFailed, _export_graph
+    from attnserve.models.export import ExportFailed, _export_graph
 
     with pytest.raises(ExportFailed, match="torch.export could not trace model.onnx with dynamic batch and sequence"):
         _export_graph(_ShapeBranch(), tmp_path / "model.onnx", ["a", "b", "c"], 1, 1024, 8, 23, False, lambda m: None)
@@ -264,7 +264,7 @@ def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
 
 
 def test_export_command_errors_exit_nonzero(capsys, tmp_path):
-    from service.cli import main
+    from attnserve.service.cli import main
 
     assert main(["export", "--variant", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "unknown attention variant 'nope'" in capsys.readouterr().err
@@ -277,8 +277,8 @@ def test_export_command_errors_exit_nonzero(capsys, tmp_path):
 def test_export_command_writes_a_verified_export(tmp_path, capsys):
     """`attnserve export` end to end (full attention, short max_length to stay quick): exit 0,
     the export-time ORT-vs-PyTorch check recorded, and the runner serves it."""
-    from service.cli import main
-    from service.runtime import OnnxRunner
+    from attnserve.service.cli import main
+    from attnserve.service.runtime import OnnxRunner
 
     out = tmp_path / "full"
     assert main(["export", "--variant", "full", "--max-length", "300", "--out", str(out), "--no-analysis"]) == 0

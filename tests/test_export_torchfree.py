@@ -21,7 +21,7 @@ class NoTorch(importlib.abc.MetaPathFinder):
     # Any import of torch (or of models/, which needs it) fails, as in a serving image
     # without PyTorch.
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "models"):
+        if name.split(".")[0] == "torch" or name.startswith("attnserve.models"):
             raise ImportError(f"{name} is blocked in this process")
         return None
 
@@ -33,8 +33,8 @@ except ImportError:
     pass
 
 import numpy as np
-from service.runtime import OnnxRunner
-from service.tokenizer import TextTokenizer
+from attnserve.service.runtime import OnnxRunner
+from attnserve.service.tokenizer import TextTokenizer
 
 export_dir, texts = sys.argv[1], json.loads(sys.argv[2])
 runner = OnnxRunner(export_dir, intra_op_threads=1)
@@ -46,7 +46,7 @@ mask = np.zeros_like(ids)
 for i, row in enumerate(encoded):
     ids[i, : len(row)], mask[i, : len(row)] = row, 1
 vectors = runner.embed(ids, mask)
-assert not any(m.split(".")[0] in ("torch", "models") for m in sys.modules), "torch got imported"
+assert not any(m.split(".")[0] == "torch" or m.startswith("attnserve.models") for m in sys.modules), "torch got imported"
 print(json.dumps({"provider": runner.provider, "embeddings": vectors.tolist()}))
 """
 

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 from http_server import start_fake_server
 
-from service.app import create_app
-from service.schemas import TEXT_PATTERN, Text
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.schemas import TEXT_PATTERN, Text
+from attnserve.service.settings import Settings
 
 MAX_LENGTH = 512
 LIMITS = ("--max-client-batch-size", "8", "--max-body-bytes", "200000", "--max-token-vectors", "1000",

@@ -13,7 +13,7 @@ import pytest
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
 from http_server import ServerProcess
 
-from service.bench import free_port
+from attnserve.service.bench import free_port
 
 CAP_BYTES = 2 * 2**30
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -33,9 +33,9 @@ def memory_cgroup() -> Path | None:
 
 
 def capped_server(export_dir: Path, group: Path | None, *flags: str) -> ServerProcess:
-    """`python -m service serve` that enters the cgroup (or sets RLIMIT_DATA) before exec."""
+    """`python -m attnserve.service serve` that enters the cgroup (or sets RLIMIT_DATA) before exec."""
     port = free_port()
-    serve = [sys.executable, "-m", "service", "serve", "--export-dir", str(export_dir), "--port", str(port),
+    serve = [sys.executable, "-m", "attnserve.service", "serve", "--export-dir", str(export_dir), "--port", str(port),
              "--log-level", "warning", "--providers", "CPUExecutionProvider", *flags]
     if group is not None:
         enter = f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))"
@@ -143,7 +143,7 @@ def test_the_server_lived_through_the_matrix_within_its_cap(server):
 def test_runs_that_give_the_arena_back_compute_the_same():
     import numpy as np
 
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     export_dir, _ = get_export(SHARED_VARIANT, SHARED_MAX_LENGTH)
     ids = np.full((2, 700), 2000, dtype=np.int64)

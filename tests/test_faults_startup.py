@@ -1,7 +1,7 @@
 """Startup and configuration faults: what `attnserve serve` refuses before it serves, and what
 it must never do (delete files it did not write, turn auth off, serve a corrupt export).
 
-The CLI checks run `python -m service serve` as a subprocess (bounded by a timeout) and read
+The CLI checks run `python -m attnserve.service serve` as a subprocess (bounded by a timeout) and read
 its exit status and stderr, as a user's shell would.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_serve(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m service serve ARGS` to completion (it must exit on its own), with output."""
+    """`python -m attnserve.service serve ARGS` to completion (it must exit on its own), with output."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSERVE_")}
     environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "service", "serve", "--port", "0", *args], cwd=cwd or ROOT, env=environ,
+    return subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--port", "0", *args], cwd=cwd or ROOT, env=environ,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -62,11 +62,11 @@ def _fake_export(calls: list):
 
 
 def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_path, monkeypatch):
-    import models.export
+    import attnserve.models.export
 
-    from service.exports import ensure_export
-    from service.runtime import ExportError
-    from service.settings import Settings
+    from attnserve.service.exports import ensure_export
+    from attnserve.service.runtime import ExportError
+    from attnserve.service.settings import Settings
 
     calls: list[Path] = []
     monkeypatch.setattr(models.export, "export_model", _fake_export(calls))
@@ -78,7 +78,7 @@ def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_p
         assert calls[-1].parent == tmp_path and calls[-1] != target  # written beside it, then renamed
     # A foreign folder under models_dir (where the export's name points) is refused the same way.
     settings = Settings(models_dir=tmp_path / "models", max_length=512)
-    from service.exports import export_path
+    from attnserve.service.exports import export_path
 
     foreign = export_path(settings)
     foreign.mkdir(parents=True)
@@ -93,10 +93,10 @@ def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_p
 def _recipe_export(calls: list):
     """export_model's part in ensure_export, writing a manifest with the recipe the real
     export records (no graphs)."""
-    from models.export import export_recipe
-    from models.registry import make_config
+    from attnserve.models.export import export_recipe
+    from attnserve.models.registry import make_config
 
-    from service.runtime import FORMAT
+    from attnserve.service.runtime import FORMAT
 
     def export_model(variant, params, max_length, out_dir, weights=None):
         calls.append((variant, dict(params)))
@@ -109,11 +109,11 @@ def _recipe_export(calls: list):
 
 
 def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
-    import models.export
+    import attnserve.models.export
 
-    import service.exports
-    from service.exports import ExportMissing, ensure_export
-    from service.settings import Settings
+    import attnserve.service.exports
+    from attnserve.service.exports import ExportMissing, ensure_export
+    from attnserve.service.settings import Settings
 
     calls: list = []
     monkeypatch.setattr(models.export, "export_model", _recipe_export(calls))
@@ -148,11 +148,11 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
 
 
 def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path, monkeypatch):
-    import models.export
+    import attnserve.models.export
 
-    from service.exports import ensure_export
-    from service.runtime import ExportError
-    from service.settings import Settings
+    from attnserve.service.exports import ensure_export
+    from attnserve.service.runtime import ExportError
+    from attnserve.service.settings import Settings
 
     target = tmp_path / "export"
     plain = _fake_export([])
@@ -189,7 +189,7 @@ KEY = "k3y-from-a-file"
 def test_blank_api_key_is_a_settings_error(monkeypatch):
     from pydantic import ValidationError
 
-    from service.settings import Settings
+    from attnserve.service.settings import Settings
 
     for blank in ("", "   ", "\t\n"):
         with pytest.raises(ValidationError, match="api_key is empty or blank"):
@@ -205,7 +205,7 @@ def test_blank_api_key_is_a_settings_error(monkeypatch):
 def test_api_key_file(tmp_path, monkeypatch):
     from pydantic import ValidationError
 
-    from service.settings import Settings
+    from attnserve.service.settings import Settings
 
     path = tmp_path / "key"
     path.write_text(f"\n  {KEY}  \n")
@@ -245,7 +245,7 @@ def _auth_client(api_key):
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from service.middleware import BearerAuthMiddleware
+    from attnserve.service.middleware import BearerAuthMiddleware
 
     async def ok(request):
         return PlainTextResponse("ok")
@@ -322,7 +322,7 @@ def damaged_copy(export_dir: Path, tmp_path: Path, name: str) -> Path:
 
 def rewrite_manifest_to_match(copy: Path, name: str) -> None:
     """What someone editing both a file and the manifest would leave: the record matches."""
-    from service.runtime import sha256
+    from attnserve.service.runtime import sha256
 
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["files"][name] = {"sha256": sha256(copy / name), "bytes": (copy / name).stat().st_size}
@@ -330,7 +330,7 @@ def rewrite_manifest_to_match(copy: Path, name: str) -> None:
 
 
 def test_truncated_analysis_graph_is_refused_at_startup(export_dir, tmp_path):
-    from service.runtime import ExportError, OnnxRunner
+    from attnserve.service.runtime import ExportError, OnnxRunner
 
     copy = damaged_copy(export_dir, tmp_path, "analysis.onnx")
     size = (copy / "analysis.onnx").stat().st_size
@@ -351,8 +351,8 @@ def test_truncated_analysis_graph_is_refused_at_startup(export_dir, tmp_path):
 
 
 def test_corrupt_tokenizer_is_refused_at_startup_by_name(export_dir, tmp_path):
-    from service.runtime import ExportError, OnnxRunner
-    from service.tokenizer import TextTokenizer
+    from attnserve.service.runtime import ExportError, OnnxRunner
+    from attnserve.service.tokenizer import TextTokenizer
 
     copy = damaged_copy(export_dir, tmp_path, "tokenizer.json")
     tokenizer = copy / "tokenizer.json"
@@ -377,7 +377,7 @@ def _tokenizers(max_length: int):
     """(the server's tokenizer, one that always tokenizes whole texts: the reference)."""
     from http_fakes import tokenizer_json
 
-    from service.tokenizer import TextTokenizer
+    from attnserve.service.tokenizer import TextTokenizer
 
     fast, whole = TextTokenizer(tokenizer_json(), max_length), TextTokenizer(tokenizer_json(), max_length)
     assert fast.prefix_chars > 0  # the shipped tokenizer is the BERT pipeline the prefix is exact for
@@ -459,7 +459,7 @@ def test_a_long_text_is_tokenized_only_in_part():
     (reference,) = whole.encode([text[: 100 * fast.prefix_chars]], truncate=True)
     assert _same(cut, reference) and len(cut) == 512 and cut.truncated
     # Without truncate it is refused from the prefix alone, with a length the text has at least.
-    from service.tokenizer import InputTooLong
+    from attnserve.service.tokenizer import InputTooLong
 
     seen.clear()
     with pytest.raises(InputTooLong, match=r"input 1 is more than \d+ tokens long") as caught:
@@ -474,9 +474,9 @@ def test_a_long_text_is_tokenized_only_in_part():
 # -- the command line: defaults shown, a busy port and an unknown variant refused up front ---------
 
 def test_serve_help_shows_every_default_and_env_variable():
-    from service.settings import Settings
+    from attnserve.service.settings import Settings
 
-    result = subprocess.run([sys.executable, "-m", "service", "serve", "--help"], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--help"], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert result.returncode == 0, result.stderr
     # Each option's entry, from its flag to the next flag, joined onto one line.

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from service.batching import Overloaded, Timings, TokenBudgetBatcher, default_batch_tokens, pad
+from attnserve.service.batching import Overloaded, Timings, TokenBudgetBatcher, default_batch_tokens, pad
 from http_fakes import FakeRunner
 
 

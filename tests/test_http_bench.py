@@ -7,8 +7,8 @@ import asyncio
 from http_fakes import tokenizer_json
 from http_server import start_fake_server
 
-from service.bench import _closed_loop, _drained, corpus_words, metric_value, percentile, rss_bytes, text_of_tokens
-from service.tokenizer import TextTokenizer
+from attnserve.service.bench import _closed_loop, _drained, corpus_words, metric_value, percentile, rss_bytes, text_of_tokens
+from attnserve.service.tokenizer import TextTokenizer
 
 
 def test_percentile_nearest_rank():

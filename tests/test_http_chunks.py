@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 
-from service.app import create_app
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.settings import Settings
 
 TEXT = ("Late chunking embeds the whole document once. " * 30).strip()
 
@@ -154,7 +154,7 @@ def test_pooling_setting(mode):
 
 
 def test_default_pooling_is_opening():
-    from service.pooling import Pooling
+    from attnserve.service.pooling import Pooling
 
     with make_client() as c:
         assert c.get("/info").json()["pooling"] == {"mode": "opening", "opening_weight": Pooling.opening_weight,

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 
-from service.app import create_app
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.settings import Settings
 
 
 class Assets(HTMLParser):

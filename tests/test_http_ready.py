@@ -10,9 +10,9 @@ import time
 from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 
-from service.app import create_app
-from service.routes.meta import readiness
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.routes.meta import readiness
+from attnserve.service.settings import Settings
 
 WAIT = 30.0  # seconds any one wait may take before the test fails
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.rendering import attention_png, colorize, pool_grid, render_attention, top_k_per_row
-from service.settings import Settings, add_settings_arguments, settings_from_args
+from attnserve.service.rendering import attention_png, colorize, pool_grid, render_attention, top_k_per_row
+from attnserve.service.settings import Settings, add_settings_arguments, settings_from_args
 
 
 def dense_to_coo(a):
@@ -109,7 +109,7 @@ def test_every_setting_is_a_flag_and_an_env_var(monkeypatch):
 
 
 def test_cli_lists_serve_and_bench_service(capsys):
-    from service.cli import main
+    from attnserve.service.cli import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
@@ -137,7 +137,7 @@ def fake_client():
     from fastapi.testclient import TestClient
     from http_fakes import FakeRunner, tokenizer_json
 
-    from service.app import create_app
+    from attnserve.service.app import create_app
 
     with TestClient(create_app(Settings(max_length=256), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())) as client:
         yield client
@@ -187,7 +187,7 @@ def test_a_window_costs_its_own_answer():
     from fastapi.testclient import TestClient
     from http_fakes import FakeRunner, tokenizer_json
 
-    from service.app import create_app
+    from attnserve.service.app import create_app
 
     app = create_app(Settings(max_length=256, max_attention_entries=60), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())
     with TestClient(app) as client:
@@ -201,7 +201,7 @@ def explorer_client(**settings):
     from fastapi.testclient import TestClient
     from http_fakes import FakeRunner, tokenizer_json
 
-    from service.app import create_app
+    from attnserve.service.app import create_app
 
     return TestClient(create_app(Settings(max_length=256, **settings), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json()))
 
@@ -242,7 +242,7 @@ def test_compose_services_list_each_other_as_explorer_peers():
     """docker compose: every variant's explorer can compare with all of them, itself included."""
     import yaml
 
-    from service.settings import Settings
+    from attnserve.service.settings import Settings
 
     text = (Path(__file__).resolve().parents[1] / "docker" / "compose.yaml").read_text()
     services = yaml.safe_load(re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text))["services"]  # compose's defaults, as with no .env

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from http_checks import check_attention_formats
 from http_fakes import FakeRunner, tokenizer_json
 
-from service.app import create_app
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.settings import Settings
 
 TIMING_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
 

@@ -40,8 +40,8 @@ def _source_key() -> str:
 
 @pytest.fixture(scope="session")
 def export_dir(pytestconfig, tmp_path_factory) -> Path:
-    from service.exports import ensure_export, export_path
-    from service.settings import Settings
+    from attnserve.service.exports import ensure_export, export_path
+    from attnserve.service.settings import Settings
 
     try:
         cache = pytestconfig.cache.mkdir(f"attnserve-http-export-{_source_key()}")
@@ -54,7 +54,7 @@ def export_dir(pytestconfig, tmp_path_factory) -> Path:
     target = export_path(settings)
     if not (target / "manifest.json").is_file():
         # The export's own parity check has its own tests (test_export_parity.py); here it would only add minutes.
-        from models.export import export_model
+        from attnserve.models.export import export_model
 
         export_model("longformer", {}, MAX_LENGTH, target, verify=False)
     return ensure_export(settings)
@@ -101,7 +101,7 @@ def test_info(client, export_dir):
 
 
 def test_embed_matches_pytorch_encoder(client):
-    from models import load_encoder
+    from attnserve.models import load_encoder
 
     texts = ["Sparse attention lets a transformer read long documents.", "word " * 700]
     r = client.post("/embed", json={"inputs": texts})
@@ -109,8 +109,8 @@ def test_embed_matches_pytorch_encoder(client):
     for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
         assert float(r.headers[name]) >= 0
     got = np.array(r.json(), dtype=np.float32)
-    from service.pooling import Pooling
-    from service.settings import Settings
+    from attnserve.service.pooling import Pooling
+    from attnserve.service.settings import Settings
 
     # The server pools as its default setting says (opening: the 702-token text differs from its mean).
     expected = load_encoder("longformer", max_length=MAX_LENGTH).embed(texts, Pooling(Settings().pooling)).numpy()
@@ -249,10 +249,10 @@ _NO_TORCH = """
 import sys
 class BlockTorch:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "models"):
+        if name.split(".")[0] == "torch" or name.startswith("attnserve.models"):
             raise ImportError(f"{name} is blocked: serving must not need it")
 sys.meta_path.insert(0, BlockTorch())
-from service.cli import main
+from attnserve.service.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -289,8 +289,8 @@ FIRST_START_MAX_LENGTH = 512
 def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
     from http_server import ServerProcess, free_port
 
-    from service.exports import export_path
-    from service.settings import Settings
+    from attnserve.service.exports import export_path
+    from attnserve.service.settings import Settings
 
     models_dir = tmp_path / "models"
     flags = ["--models-dir", str(models_dir), "--variant", FIRST_START_VARIANT, "--max-length", str(FIRST_START_MAX_LENGTH),

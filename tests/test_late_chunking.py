@@ -22,9 +22,9 @@ def export():
 
 @pytest.fixture(scope="module")
 def client(export):
-    from service.app import create_app
-    from service.runtime import OnnxRunner
-    from service.settings import Settings
+    from attnserve.service.app import create_app
+    from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.settings import Settings
 
     export_dir, _ = export
     runner = OnnxRunner(export_dir, intra_op_threads=2)
@@ -110,10 +110,10 @@ def test_python_api_late_chunks(export, texts):
 
 
 def test_pooling_modes_match_pytorch(export, texts):
-    from service.app import create_app
-    from service.pooling import Pooling
-    from service.runtime import OnnxRunner
-    from service.settings import Settings
+    from attnserve.service.app import create_app
+    from attnserve.service.pooling import Pooling
+    from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.settings import Settings
 
     export_dir, encoder = export
     runner = OnnxRunner(export_dir, intra_op_threads=2)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from export_helpers import padded_batch
-from models.encoder import interpolated_positions, look_up, query_scale
-from models.registry import make_config
+from attnserve.models.encoder import interpolated_positions, look_up, query_scale
+from attnserve.models.registry import make_config
 
 SCHEMES = [("recurrent", True), ("grouped", False), ("grouped", True), ("interpolated", False), ("interpolated", True)]
 VARIANT, MAX_LENGTH = "local", 2048
@@ -128,9 +128,9 @@ def test_cli_strings_are_converted_and_bad_values_say_what_is_valid():
 def test_onnx_runtime_matches_pytorch_with_interpolated_positions_and_scaling(tmp_path):
     """The export computes s and the scaling per document inside the graph: ONNX Runtime on
     inputs padded to the export's granule equals PyTorch on the unpadded ones."""
-    from models import load_encoder
-    from models.export import export_encoder
-    from service.runtime import OnnxRunner
+    from attnserve.models import load_encoder
+    from attnserve.models.export import export_encoder
+    from attnserve.service.runtime import OnnxRunner
 
     torch.set_num_threads(2)
     encoder = load_encoder("local", 1024, positions="interpolated", attention_scaling=True)

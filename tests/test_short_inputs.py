@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from export_helpers import get_export, padded_batch
-from models import variant_names
-from models.attention.base import masked_softmax
-from models.registry import VARIANTS, build_attention, make_config
+from attnserve.models import variant_names
+from attnserve.models.attention.base import masked_softmax
+from attnserve.models.registry import VARIANTS, build_attention, make_config
 
 HEADS, DIM, MAX = 4, 32, 512
 
@@ -81,7 +81,7 @@ def test_exact_up_to_is_where_the_variant_equals_full_attention(name, params):
 
 
 def test_length_multiples_and_discontinuity_live_on_the_variants():
-    from models.export import is_discontinuous, length_multiple
+    from attnserve.models.export import is_discontinuous, length_multiple
 
     defaults = {name: length_multiple(name, make_config(name, 16384)) for name in variant_names()}
     assert defaults == {"full": 1, "local": 256, "strided": 256, "global": 32, "longformer": 256, "bigbird": 64,
@@ -94,7 +94,7 @@ def test_length_multiples_and_discontinuity_live_on_the_variants():
 
 def test_which_exports_get_a_short_graph():
     """Only where inputs of more than one granule are exact: padding is then needless."""
-    from models.export import short_graph_length
+    from attnserve.models.export import short_graph_length
 
     lengths = {name: short_graph_length(make_config(name, 16384), 16384) for name in variant_names()}
     assert lengths == {"full": 0, "local": 257, "strided": 0, "global": 0, "longformer": 258, "bigbird": 320,
@@ -106,8 +106,8 @@ def test_adapted_parameters_that_break_exactness_get_no_short_graph():
     """Linformer is exact up to k only with its initial E and F: adapted ones run its own graph."""
     import torch
 
-    from models import load_encoder
-    from models.export import short_graph_length
+    from attnserve.models import load_encoder
+    from attnserve.models.export import short_graph_length
 
     encoder = load_encoder("linformer", max_length=1024)
     config = encoder.attention_config
@@ -123,7 +123,7 @@ def test_linformers_short_graph_is_verified_against_linformer(tmp_path):
     they differ): linformer at its initial E passes, as exact_up_to claims."""
     import json
 
-    from models.export import export_model
+    from attnserve.models.export import export_model
 
     export_model("linformer", {}, 512, tmp_path, analysis=False)
     short = json.loads((tmp_path / "manifest.json").read_text())["graphs"]["short"]
@@ -134,7 +134,7 @@ def test_variants_command_says_where_each_is_exact():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "service.cli", "variants"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", "variants"], capture_output=True, text=True, check=True).stdout
     lines = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
     assert "exact full attention" in out.splitlines()[0]
     assert "all lengths" in lines["full"]
@@ -158,7 +158,7 @@ def export():
 
 @pytest.fixture(scope="module")
 def runner(export):
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     return OnnxRunner(export[0], providers=["CPUExecutionProvider"], intra_op_threads=2)
 
@@ -166,7 +166,7 @@ def runner(export):
 def test_the_manifest_lists_the_short_graph(export):
     import onnx
 
-    from models.export import EMBEDDING_OUTPUTS, sha256
+    from attnserve.models.export import EMBEDDING_OUTPUTS, sha256
 
     export_dir, _ = export
     manifest = json.loads((export_dir / "manifest.json").read_text())
@@ -217,7 +217,7 @@ def test_onnx_runtime_equals_the_variant_on_either_graph(runner, export, lengths
 
 
 def test_both_graphs_give_the_same_outputs_for_short_inputs(runner, export):
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     main = OnnxRunner(export[0], providers=["CPUExecutionProvider"], intra_op_threads=2, short_graph=False)
     assert main.short_max_length == 0
@@ -236,7 +236,7 @@ def test_padded_length_is_what_runs(runner):
 
 
 def test_an_export_without_the_short_graph_still_serves(export, tmp_path):
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     target = tmp_path / "export"
     shutil.copytree(export[0], target)
@@ -258,7 +258,7 @@ def test_the_batch_budget_counts_what_the_short_graph_runs():
     import asyncio
 
     from http_fakes import FakeRunner
-    from service.batching import Timings, TokenBudgetBatcher
+    from attnserve.service.batching import Timings, TokenBudgetBatcher
 
     class ShortGraphRunner(FakeRunner):
         length_multiple = 256
@@ -287,7 +287,7 @@ def test_bench_short_inputs_prints_ratios_to_full(tmp_path):
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "bench", "runtime", "--short-inputs", "--variants", "sinkhorn,strided",
+        [sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--short-inputs", "--variants", "sinkhorn,strided",
          "--max-length", "256", "--repeats", "2", "--threads", "2", "--json", str(tmp_path / "rows.json")],
         capture_output=True, text=True, check=True, timeout=900,
     )

@@ -3,9 +3,9 @@ variant's attention map reproduces its output, and padding changes nothing."""
 import pytest
 import torch
 
-from models import variant_names
-from models.registry import VARIANTS, build_attention, make_config
-from models.sparse import to_sparse
+from attnserve.models import variant_names
+from attnserve.models.registry import VARIANTS, build_attention, make_config
+from attnserve.models.sparse import to_sparse
 
 HEADS, DIM = 12, 32
 MASK_VARIANTS = ["full", "local", "strided", "global", "longformer", "bigbird"]

@@ -14,9 +14,9 @@ import pytest
 import torch
 from export_helpers import padded_batch
 
-from models import load_encoder
-from models.weights import META_FILE, WEIGHTS_FILE, WeightsError, load_weights, save_weights
-from service.runtime import sha256
+from attnserve.models import load_encoder
+from attnserve.models.weights import META_FILE, WEIGHTS_FILE, WeightsError, load_weights, save_weights
+from attnserve.service.runtime import sha256
 
 VARIANT, OTHER, MAX_LENGTH = "compressed", "linformer", 512
 TEXTS = ["Adapted weights change what the attention reads.", "word " * 300]
@@ -55,8 +55,8 @@ def adapted(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served_export(adapted, tmp_path_factory):
     """The export `attnserve serve --weights DIR` makes on its first start, and its settings."""
-    from service.exports import ensure_export
-    from service.settings import Settings
+    from attnserve.service.exports import ensure_export
+    from attnserve.service.settings import Settings
 
     torch.set_num_threads(2)
     settings = Settings(variant=VARIANT, max_length=MAX_LENGTH, models_dir=tmp_path_factory.mktemp("models"), weights=adapted[0])
@@ -90,7 +90,7 @@ def test_tied_tensors_are_stored_once_and_load_into_both_names(tmp_path):
 def test_export_with_weights_matches_pytorch_and_records_them(adapted, served_export):
     from safetensors.torch import load_file
 
-    from service.runtime import OnnxRunner
+    from attnserve.service.runtime import OnnxRunner
 
     weights_dir, _, digest = adapted
     export_dir, _ = served_export
@@ -115,9 +115,9 @@ def test_export_with_weights_matches_pytorch_and_records_them(adapted, served_ex
 def test_service_names_serves_and_reports_the_weights(adapted, served_export, tmp_path):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
-    from service.exports import ensure_export, export_name, export_path, settings_recipe
-    from service.settings import Settings
+    from attnserve.service.app import create_app
+    from attnserve.service.exports import ensure_export, export_name, export_path, settings_recipe
+    from attnserve.service.settings import Settings
 
     weights_dir, _, digest = adapted
     export_dir, settings = served_export
@@ -148,11 +148,11 @@ def test_serving_finds_the_weighted_export_without_torch(adapted, served_export)
 import sys
 class BlockTorch:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "models", "safetensors"):
+        if name.split(".")[0] in ("torch", "safetensors") or name.startswith("attnserve.models"):
             raise ImportError(name + " is blocked: serving must not need it")
 sys.meta_path.insert(0, BlockTorch())
-from service.exports import ensure_export
-from service.settings import Settings
+from attnserve.service.exports import ensure_export
+from attnserve.service.settings import Settings
 print(ensure_export(Settings(variant={VARIANT!r}, max_length={MAX_LENGTH}, models_dir={str(settings.models_dir)!r}, weights={str(adapted[0])!r})))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -163,7 +163,7 @@ print(ensure_export(Settings(variant={VARIANT!r}, max_length={MAX_LENGTH}, model
 def test_weights_setting_from_flag_and_environment(monkeypatch, tmp_path):
     import argparse
 
-    from service.settings import Settings, add_settings_arguments, settings_from_args
+    from attnserve.service.settings import Settings, add_settings_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_settings_arguments(parser)
@@ -221,7 +221,7 @@ def test_export_and_serve_cli_refuse_a_missing_weights_dir(tmp_path):
     for command in (["export", "--variant", VARIANT, "--max-length", str(MAX_LENGTH), "--out", str(tmp_path / "out"), "--weights", str(nope)],
                     ["serve", "--variant", VARIANT, "--max-length", str(MAX_LENGTH), "--models-dir", str(tmp_path / "models"),
                      "--weights", str(nope)]):
-        out = subprocess.run([sys.executable, "-m", "service.cli", *command], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", *command], capture_output=True, text=True, timeout=300)
         assert out.returncode == 2, (command[0], out.stderr)
         assert f"{nope}: no such weights directory" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "out" / "manifest.json").exists() and not (tmp_path / "models").exists()
@@ -231,7 +231,7 @@ def test_bench_quality_runs_a_variant_with_weights(adapted, tmp_path):
     import csv
 
     weights_dir, _, _ = adapted
-    base = [sys.executable, "-m", "service.cli", "bench", "quality", "--limit", "4", "--max-length", str(MAX_LENGTH),
+    base = [sys.executable, "-m", "attnserve.service.cli", "bench", "quality", "--limit", "4", "--max-length", str(MAX_LENGTH),
             "--variants", VARIANT, "--no-baselines", "--no-cosine", "--poolings", "mean", "--chunk-tokens", "128"]
     out = subprocess.run([*base, "--out", str(tmp_path / "q"), "--weights", f"{VARIANT}={weights_dir}"],
                          capture_output=True, text=True, timeout=600)
@@ -248,8 +248,8 @@ def test_info_reports_no_weights_for_an_export_without_them():
     from fastapi.testclient import TestClient
     from http_fakes import FakeRunner, tokenizer_json
 
-    from service.app import create_app
-    from service.settings import Settings
+    from attnserve.service.app import create_app
+    from attnserve.service.settings import Settings
 
     runner = FakeRunner(max_length=256)
     assert "weights" not in runner.manifest

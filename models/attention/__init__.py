@@ -1,5 +1,5 @@
 """One module per attention variant; importing this package registers them all."""
-from models.attention import (  # noqa: F401  (imported for registration, in table order)
+from attnserve.models.attention import (  # noqa: F401  (imported for registration, in table order)
     full,
     local,
     strided,

@@ -7,7 +7,7 @@ built from its config dataclass and called as
 
 q, k, v: (B, H, N, D) after the pretrained projections; key_valid: (B, N) bool, False on
 padding. out: (B, H, N, D). weights: None unless need_weights, else a list of SlotWeights
-that together give every query's attention over the tokens (see `models.sparse`).
+that together give every query's attention over the tokens (see `attnserve.models.sparse`).
 """
 from __future__ import annotations
 

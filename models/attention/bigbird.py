@@ -22,9 +22,9 @@ import dataclasses
 
 import torch
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import context_attention, dense_rows_attention, gather_rows, replace_rows
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
+from attnserve.models.attention.blocks import context_attention, dense_rows_attention, gather_rows, replace_rows
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import MASKED, SlotWeights, masked_softmax, pad_to_multiple
+from attnserve.models.attention.base import MASKED, SlotWeights, masked_softmax, pad_to_multiple
 
 
 def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):

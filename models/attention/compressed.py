@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check
-from models.attention.blocks import dense_rows_attention
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
+from attnserve.models.attention.blocks import dense_rows_attention
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ import dataclasses
 
 import torch
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights
-from models.attention.blocks import dense_rows_attention
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights
+from attnserve.models.attention.blocks import dense_rows_attention
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

@@ -31,9 +31,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check
-from models.attention.blocks import dense_rows_attention
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
+from attnserve.models.attention.blocks import dense_rows_attention
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.attention.base import Attention, AttentionConfig, check
-from models.attention.blocks import band_exact_up_to, banded_attention, banded_mask
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, check
+from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.attention.base import Attention
-from models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
-from models.attention.global_tokens import GlobalConfig
-from models.attention.local import LocalConfig
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention
+from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
+from attnserve.models.attention.global_tokens import GlobalConfig
+from attnserve.models.attention.local import LocalConfig
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

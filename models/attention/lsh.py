@@ -24,9 +24,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import neighbour_blocks, take_rows
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
+from attnserve.models.attention.blocks import neighbour_blocks, take_rows
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

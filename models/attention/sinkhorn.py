@@ -26,9 +26,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import context_attention, neighbour_blocks, take_rows
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
+from attnserve.models.attention.blocks import context_attention, neighbour_blocks, take_rows
+from attnserve.models.registry import register_attention
 
 IDENTITY_BONUS = 10.0  # diagonal score at initialisation: the identity sort
 

@@ -16,9 +16,9 @@ import dataclasses
 
 import torch
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
-from models.attention.blocks import band_exact_up_to, banded_attention
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
+from attnserve.models.attention.blocks import band_exact_up_to, banded_attention
+from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass

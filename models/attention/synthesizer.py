@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention.base import Attention, AttentionConfig, SlotWeights, check
-from models.attention.blocks import dense_rows_attention
-from models.registry import register_attention
+from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
+from attnserve.models.attention.blocks import dense_rows_attention
+from attnserve.models.registry import register_attention
 
 
 # Values per fused-kernel call when heads share their weights (mode "random"). Two heads

@@ -1,6 +1,6 @@
 """One APIRouter per resource; each handler validates, tokenizes, hands work to the batcher
 and shapes the answer, never touching the runner directly."""
-from service.schemas import OpenAIError, TEIError, fill_deployment_bounds
+from attnserve.service.schemas import OpenAIError, TEIError, fill_deployment_bounds
 
 # Documented error answers (the bodies are written by service.errors; service/README.md's
 # error table gives every cause of each).

@@ -8,12 +8,12 @@ import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from service.batching import Timings
-from service.errors import ServiceError
-from service.rendering import attention_png, pool_grid, top_k_per_row
-from service.routes import TEI_ERRORS
-from service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
-from service.state import ServiceState, check_attention_budget, get_service, get_timings, run_attention
+from attnserve.service.batching import Timings
+from attnserve.service.errors import ServiceError
+from attnserve.service.rendering import attention_png, pool_grid, top_k_per_row
+from attnserve.service.routes import TEI_ERRORS
+from attnserve.service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
+from attnserve.service.state import ServiceState, check_attention_budget, get_service, get_timings, run_attention
 
 router = APIRouter(tags=["attention"])
 

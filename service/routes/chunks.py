@@ -6,12 +6,12 @@ import functools
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from service.batching import Timings
-from service.errors import ServiceError
-from service.pooling import BadSpans, check_spans, pool_chunks, span_chunks, token_chunks
-from service.routes import TEI_ERRORS
-from service.schemas import ChunkEmbedding, EmbedChunksRequest
-from service.state import ServiceState, get_service, get_timings, run_reduce
+from attnserve.service.batching import Timings
+from attnserve.service.errors import ServiceError
+from attnserve.service.pooling import BadSpans, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.service.routes import TEI_ERRORS
+from attnserve.service.schemas import ChunkEmbedding, EmbedChunksRequest
+from attnserve.service.state import ServiceState, get_service, get_timings, run_reduce
 
 router = APIRouter(tags=["late chunking"])
 

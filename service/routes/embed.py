@@ -7,11 +7,11 @@ import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from service.batching import Timings
-from service.errors import ServiceError
-from service.routes import TEI_ERRORS
-from service.schemas import DecodeRequest, EmbedAllRequest, EmbedRequest, SimpleToken, TokenizeRequest
-from service.state import ServiceState, get_service, get_timings, run_embed, run_reduce
+from attnserve.service.batching import Timings
+from attnserve.service.errors import ServiceError
+from attnserve.service.routes import TEI_ERRORS
+from attnserve.service.schemas import DecodeRequest, EmbedAllRequest, EmbedRequest, SimpleToken, TokenizeRequest
+from attnserve.service.state import ServiceState, get_service, get_timings, run_embed, run_reduce
 
 router = APIRouter(tags=["text-embeddings-inference"])
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from service.errors import ServiceError
+from attnserve.service.errors import ServiceError
 
 STATIC = Path(__file__).resolve().parent.parent / "static" / "explorer"
 # The page's files by name: nothing else under the folder (or above it) is ever served.

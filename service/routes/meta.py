@@ -7,10 +7,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from service.routes import TEI_ERRORS
-from service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
-from service.settings import VERSION
-from service.state import ServiceState, get_service
+from attnserve.service.routes import TEI_ERRORS
+from attnserve.service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
+from attnserve.service.settings import VERSION
+from attnserve.service.state import ServiceState, get_service
 
 router = APIRouter(tags=["service"])
 

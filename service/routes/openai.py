@@ -6,13 +6,13 @@ import base64
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from service.batching import Timings
-from service.errors import ServiceError
-from service.pooling import l2_normalize
-from service.routes import OPENAI_ERRORS
-from service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from service.state import ServiceState, get_service, get_timings, run_embed
-from service.tokenizer import InputTooLong
+from attnserve.service.batching import Timings
+from attnserve.service.errors import ServiceError
+from attnserve.service.pooling import l2_normalize
+from attnserve.service.routes import OPENAI_ERRORS
+from attnserve.service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from attnserve.service.state import ServiceState, get_service, get_timings, run_embed
+from attnserve.service.tokenizer import InputTooLong
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
