@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from a checkout that is not pip-installed
+if str(REPO) not in sys.path:  # run as a script: its benchmarks.* imports resolve from the checkout
     sys.path.insert(0, str(REPO))
 
 SCHEMA = "attnserve-gpu-bench/1"
@@ -299,7 +299,7 @@ def timed(fn, repeats: int, cell_seconds: float = CELL_SECONDS) -> tuple[float, 
     """(median seconds, calls timed): untimed warm-up calls (the first pays for allocation and
     kernel and algorithm selection; a second unless the first alone passed cell_seconds), then
     `repeats` calls, fewer when one call is slow enough to pass cell_seconds."""
-    from attnserve.models.timing import median_seconds
+    from benchmarks.timing import median_seconds
 
     one = _seconds(fn)
     if one < cell_seconds:

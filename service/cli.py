@@ -38,18 +38,18 @@ def _load_optional(target: str):
 
 
 COMMANDS: list[Command] = [
-    # the encoder: variants, benchmarks, adaptation (models/)
-    Command(("variants",), "list the attention variants and their parameters", "attnserve.models.cli:configure_variants", "attnserve.models.cli:variants_command"),
-    Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "attnserve.models.cli:configure_bench_encoder", "attnserve.models.cli:bench_encoder"),
+    # the encoder (models/) and its benchmarks (benchmarks/): variants, benchmarks, adaptation
+    Command(("variants",), "list the attention variants and their parameters", None, "attnserve.models.cli:variants_command"),
+    Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "attnserve.service.bench:encoder.configure_bench_encoder", "attnserve.service.bench:encoder.bench_encoder"),
     Command(("adapt",), "train what a variant adds to the pretrained model (distillation), within a time budget", "attnserve.models.adapt:configure", "attnserve.models.adapt:adapt_command"),
-    Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "attnserve.models.quality:configure", "attnserve.models.quality:quality_command"),
-    # ONNX export and its runtime benchmark (models/export.py, models/bench_runtime.py)
+    Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "attnserve.service.bench:quality.configure", "attnserve.service.bench:quality.quality_command"),
+    # ONNX export and its runtime benchmark (models/export.py, benchmarks/runtime.py)
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "attnserve.models.export:configure_export", "attnserve.models.export:export_command"),
-    Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "attnserve.models.bench_runtime:configure_bench_runtime", "attnserve.models.bench_runtime:bench_runtime_command"),
+    Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "attnserve.service.bench:runtime.configure_bench_runtime", "attnserve.service.bench:runtime.bench_runtime_command"),
     # the HTTP service (service/)
     Command(("serve",), "serve a variant over HTTP (exports it first if needed)", "attnserve.service.settings:add_settings_arguments", "attnserve.service.serve:serve_command"),
-    Command(("bench", "service"), "HTTP vs raw ONNX Runtime latency, and batching throughput", "attnserve.service.bench:configure_bench_service", "attnserve.service.bench:bench_service"),
-    Command(("bench", "load"), "bounded loopback load test with concurrent clients", "attnserve.service.bench:configure_bench_load", "attnserve.service.bench:bench_load"),
+    Command(("bench", "service"), "HTTP vs raw ONNX Runtime latency, and batching throughput", "attnserve.service.bench:service.configure_bench_service", "attnserve.service.bench:service.bench_service"),
+    Command(("bench", "load"), "bounded loopback load test with concurrent clients", "attnserve.service.bench:service.configure_bench_load", "attnserve.service.bench:service.bench_load"),
 ]
 
 

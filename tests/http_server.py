@@ -8,14 +8,14 @@ from pathlib import Path
 
 import httpx
 
-from attnserve.service.bench import ServerProcess as _ServerProcess
-from attnserve.service.bench import free_port, metric_value
+from benchmarks.service import ServerProcess as _ServerProcess
+from benchmarks.service import free_port, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class ServerProcess(_ServerProcess):
-    """attnserve.service.bench's server subprocess with the tests' defaults: tests/ importable (the fake
+    """benchmarks.service's server subprocess with the tests' defaults: tests/ importable (the fake
     server and the torch-blocking wrappers), a log named for the tests, 30 s to stop."""
 
     def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):

@@ -38,7 +38,7 @@ def test_flop_count_of_the_full_encoder_is_its_matrix_products():
     """count_flops (behind bench runtime's ceilings) counts every projection, FFN and the CPU
     attention kernel FlopCounterMode alone misses: 6 layers at n tokens, multiply-add = 2."""
     from attnserve.models import load_encoder
-    from attnserve.models.flops import count_flops
+    from benchmarks.flops import count_flops
 
     encoder = load_encoder("full", 256)
     n, width, inner = 100, 384, 1536
@@ -100,7 +100,7 @@ def test_maxp_scores_a_document_by_its_best_chunk():
 def test_documents_without_queries_get_self_supervised_ones(tmp_path):
     import json
 
-    from attnserve.models.quality import load_documents
+    from benchmarks.quality import load_documents
 
     words = " ".join(f"w{i}" for i in range(900))
     path = tmp_path / "docs.jsonl"
@@ -135,3 +135,47 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
         assert 0 < float(r["summary_mrr"]) <= 1 and 0 <= float(r["needle_r1"]) <= 1 and r["documents"] == "6"
     assert float(next(r for r in rows if r["system"] == "local")["cosine_to_full_512"]) > 0.9
     assert (tmp_path / "q" / "quality.png").stat().st_size > 10_000
+
+
+def test_the_wheel_installs_the_product_packages_and_no_benchmarks(tmp_path):
+    """The wheel, built from the checkout's files as a fresh clone has them (no stale build/),
+    holds attnserve.models and attnserve.service only: benchmarks/ stays in the source tree."""
+    import shutil
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    tree = tmp_path / "tree"
+    for name in files:
+        if (root / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, tree / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(tree)],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "w").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"attnserve", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    assert {n.split("/")[1] for n in names if n.startswith("attnserve/")} == {"models", "service"}
+    assert "attnserve/models/export.py" in names and "attnserve/service/app.py" in names
+    for module in ("runtime", "encoder", "quality", "service", "memory", "flops", "timing"):
+        assert not any(n.endswith(f"/benchmarks/{module}.py") for n in names), module
+    assert not any(n.endswith(("bench_runtime.py", "/flops.py", "/timing.py", "/memory.py")) for n in names)
+
+
+def test_bench_commands_without_a_source_checkout_exit_2_saying_how_to_get_one(monkeypatch, capsys, tmp_path):
+    """As installed from the wheel: no benchmarks/ beside the package."""
+    import pytest
+
+    from attnserve.service import bench
+    from attnserve.service.cli import main
+
+    monkeypatch.setattr(bench, "BENCHMARKS", tmp_path / "benchmarks")
+    monkeypatch.delitem(sys.modules, "benchmarks", raising=False)
+    for words in (["bench", "runtime", "--variants", "full"], ["bench", "load"], ["bench", "encoder", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(words)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "source checkout" in err and "git clone" in err and "pip install -e '.[test]'" in err, err
+    assert main(["variants"]) == 0  # the product's own commands need no checkout

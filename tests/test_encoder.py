@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnserve.models import load_encoder, variant_names
-from attnserve.models.memory import measure
+from benchmarks.memory import measure
 from attnserve.models.pretrained import model_dir
 from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
 

@@ -28,7 +28,7 @@ import pytest
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
 from http_server import ROOT, ServerProcess, start_real_server
 
-from attnserve.service.bench import free_port
+from benchmarks.service import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -11,7 +11,7 @@ import time
 import httpx
 from http_server import start_fake_server, wait_in_flight
 
-from attnserve.service.bench import metric_value
+from benchmarks.service import metric_value
 
 # One input per batch: inputs of 3 to 5 tokens, a token budget that holds one of them.
 ONE_PER_BATCH = ("--max-batch-tokens", "7")

@@ -13,7 +13,7 @@ import pytest
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
 from http_server import ServerProcess
 
-from attnserve.service.bench import free_port
+from benchmarks.service import free_port
 
 CAP_BYTES = 2 * 2**30
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")

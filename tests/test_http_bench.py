@@ -7,8 +7,8 @@ import asyncio
 from http_fakes import tokenizer_json
 from http_server import start_fake_server
 
-from attnserve.service.bench import _closed_loop, _drained, corpus_words, metric_value, percentile, rss_bytes, text_of_tokens
 from attnserve.service.tokenizer import TextTokenizer
+from benchmarks.service import closed_loop, corpus_words, drained, metric_value, percentile, rss_bytes, text_of_tokens
 
 
 def test_percentile_nearest_rank():
@@ -29,7 +29,7 @@ def test_text_of_tokens_hits_the_length():
 def test_closed_loop_counts_every_answer():
     server = start_fake_server("--max-concurrent-requests", "2", delay=0.05)
     try:
-        result = asyncio.run(_closed_loop(server.url, ["a short text", "another text"], clients=6, duration=1.0, backoff=0.01))
+        result = asyncio.run(closed_loop(server.url, ["a short text", "another text"], clients=6, duration=1.0, backoff=0.01))
     finally:
         server.stop()
     codes = {code for code, _ in result["results"]}
@@ -40,10 +40,10 @@ def test_closed_loop_counts_every_answer():
 def test_clients_that_give_up_are_counted_and_their_work_cancelled():
     server = start_fake_server(delay=0.6)
     try:
-        result = asyncio.run(_closed_loop(server.url, ["a short text"], clients=3, duration=1.5, abandon=1.0, max_requests=6))
+        result = asyncio.run(closed_loop(server.url, ["a short text"], clients=3, duration=1.5, abandon=1.0, max_requests=6))
         assert result["abandoned"] + len(result["results"]) == 6 and result["abandoned"] >= 3
         assert result["errors"] == []
-        assert _drained(server.url) == (0.0, 0.0)
+        assert drained(server.url) == (0.0, 0.0)
         assert metric_value(server.url, "attnserve_requests_cancelled_total") >= 1
     finally:
         server.stop()

@@ -1,6 +1,8 @@
-"""The Docker load generator (docker/loadtest/loadtest.py) against a stub /embed server."""
+"""The Docker load test (docker/loadtest/loadtest.py, driving benchmarks/service.py's load generator)
+against a stub /embed server."""
 from __future__ import annotations
 
+import asyncio
 import csv
 import importlib.util
 import json
@@ -19,19 +21,12 @@ sys.modules["loadtest"] = loadtest  # dataclasses look their module up there
 spec.loader.exec_module(loadtest)
 
 
-def test_percentile_is_exact_nearest_rank():
-    values = [float(v) for v in range(1, 101)]  # 1..100
-    assert loadtest.percentile(values, 50) == 50.0
-    assert loadtest.percentile(values, 95) == 95.0
-    assert loadtest.percentile(values, 99) == 99.0
-    assert loadtest.percentile([3.0], 99) == 3.0
-    assert loadtest.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
-
-
 def test_refuses_non_loopback_targets():
     with pytest.raises(SystemExit):
         loadtest.check_loopback("http://10.0.0.1:8080")
     assert loadtest.check_loopback("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
+    with pytest.raises(SystemExit):  # the generator itself refuses too, before it sends anything
+        asyncio.run(loadtest.closed_loop("http://192.0.2.1:8080", ["text"], clients=1, duration=1.0))
 
 
 def test_documents_have_exact_token_counts(tmp_path):

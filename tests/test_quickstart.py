@@ -26,7 +26,7 @@ import pytest
 from http_server import ROOT
 from test_http_server import MAX_LENGTH, export_dir  # noqa: F401  (the session's cached longformer export)
 
-from attnserve.service.bench import free_port, wait_until_healthy
+from benchmarks.service import free_port, wait_until_healthy
 
 INSTALL_TIMEOUT = 900
 SERVE_READY_TIMEOUT = 240

@@ -10,9 +10,10 @@ Bounds: only loopback URLs are accepted; a phase stops issuing requests at its d
 or after --max-requests, whichever comes first; every request has a timeout; the whole
 run has a hard ceiling (--max-total-seconds) after which remaining phases are skipped.
 
-Every request's latency is recorded, and percentiles are exact order statistics of that
-list (nearest-rank: the p-th percentile is the ceil(p/100 * n)-th smallest latency), not
-histogram estimates.
+The requests come from the same load generator as `attnserve bench load`
+(benchmarks/service.py's closed_loop). Every request's latency is recorded, and percentiles
+are exact order statistics of that list (nearest-rank: the p-th percentile is the
+ceil(p/100 * n)-th smallest latency), not histogram estimates.
 
 Writes OUT/requests.csv (one row per request), OUT/summary.csv, OUT/summary.md (the
 table), OUT/latency_vs_length.png, OUT/throughput_vs_length.png and OUT/run.json.
@@ -34,13 +35,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the load generator is the checkout's benchmarks.service
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.service import check_loopback, closed_loop, percentile  # noqa: E402
+
 DEFAULT_LENGTHS = (512, 4096, 16384)
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "data" / "longdocs-dev.jsonl.gz"
+DEFAULT_DATA = ROOT / "data" / "longdocs-dev.jsonl.gz"
 
 
 # ---------------------------------------------------------------------------- documents
@@ -115,13 +120,6 @@ class Phase:
     skipped: str = ""
 
 
-def check_loopback(url: str) -> str:
-    host = urlsplit(url).hostname
-    if host not in LOOPBACK_HOSTS:
-        raise SystemExit(f"refusing non-loopback target {url!r}: the load test only drives 127.0.0.1")
-    return url.rstrip("/")
-
-
 async def wait_healthy(client: httpx.AsyncClient, base: str, deadline_s: float) -> bool:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
@@ -135,61 +133,46 @@ async def wait_healthy(client: httpx.AsyncClient, base: str, deadline_s: float) 
     return False
 
 
-async def one_request(client, base, variant, length, doc, worker, t0, timeout, truncate) -> Record:
-    start = time.perf_counter()
-    status, ok, error, dim, queue, inf = 0, False, "", 0, "", ""
-    try:
-        r = await client.post(f"{base}/embed", json={"inputs": doc["text"], "truncate": truncate}, timeout=timeout)
-        status = r.status_code
-        queue = r.headers.get("x-queue-time", "")
-        inf = r.headers.get("x-inference-time", "")
-        if status == 200:
-            body = r.json()
-            dim = len(body[0]) if body and isinstance(body[0], list) else 0
-            ok = dim > 0
-            error = "" if ok else "empty embedding"
-        else:
-            error = r.text[:200].replace("\n", " ")
-    except httpx.TimeoutException:
-        error = f"timeout after {timeout}s"
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"[:200]
-    latency = time.perf_counter() - start
-    return Record(variant, length, doc["tokens"], worker, start - t0, latency, status, ok, error, dim, queue, inf)
+def _answer_details(response: httpx.Response) -> dict:
+    """What a load-test record keeps of an answer: the embedding's width (0 when there is none),
+    the server's timing headers, and the start of an error body."""
+    dim = 0
+    if response.status_code == 200:
+        body = response.json()
+        dim = len(body[0]) if body and isinstance(body[0], list) else 0
+    error = "" if dim else ("empty embedding" if response.status_code == 200 else response.text[:200].replace("\n", " "))
+    return {"dim": dim, "error": error, "server_queue_ms": response.headers.get("x-queue-time", ""),
+            "server_inference_ms": response.headers.get("x-inference-time", "")}
 
 
-async def run_phase(client, base, phase: Phase, docs, concurrency, duration, max_requests, timeout, truncate):
-    """CONCURRENCY workers, each sending its next request as soon as the last returns,
-    until the deadline or max_requests requests have been started."""
-    t0 = time.perf_counter()
-    deadline = t0 + duration
-    started = 0
-
-    async def worker(w: int):
-        nonlocal started
-        k = w
-        while time.perf_counter() < deadline and started < max_requests:
-            started += 1
-            doc = docs[k % len(docs)]
-            k += concurrency
-            phase.records.append(await one_request(client, base, phase.variant, phase.length, doc, w, t0, timeout, truncate))
-
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    phase.wall_s = time.perf_counter() - t0
+async def run_phase(base, phase: Phase, docs, concurrency, duration, max_requests, timeout, truncate):
+    """CONCURRENCY workers, each sending its next request as soon as the last returns (worker
+    w the documents w, w + CONCURRENCY, ... in turn), until the deadline or max_requests
+    requests have been started."""
+    result = await closed_loop(base, [d["text"] for d in docs], concurrency, duration, backoff=0.0,
+                               max_requests=max_requests, timeout=timeout, order="cycle", inspect=_answer_details,
+                               payload=lambda text: {"inputs": text, "truncate": truncate})
+    for sent in result["requests"]:
+        details = sent.details or {"dim": 0, "error": sent.error}
+        phase.records.append(Record(
+            phase.variant, phase.length, docs[sent.text_index]["tokens"], sent.worker, sent.started, sent.latency, sent.status,
+            ok=details["dim"] > 0, error=details["error"], dim=details["dim"],
+            server_queue_ms=details.get("server_queue_ms", ""), server_inference_ms=details.get("server_inference_ms", "")))
+    phase.wall_s = result["elapsed"]
 
 
 async def run_all(args, targets: dict[str, str], docs: dict[int, list[dict]]) -> list[Phase]:
     phases: list[Phase] = []
     run_deadline = time.monotonic() + args.max_total_seconds
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+    async with httpx.AsyncClient(trust_env=False) as client:
         for variant, base in targets.items():
             healthy = await wait_healthy(client, base, args.wait_healthy)
             if healthy and args.warmup:
                 # One request per length, not recorded: the first inference pays for
                 # session warm-up and memory arena growth.
                 for length in args.lengths:
-                    await one_request(client, base, variant, length, docs[length][0], -1, time.perf_counter(), args.timeout, args.truncate)
+                    await closed_loop(base, [docs[length][0]["text"]], 1, args.timeout, max_requests=1, timeout=args.timeout,
+                                      payload=lambda text: {"inputs": text, "truncate": args.truncate})
             for length in args.lengths:
                 phase = Phase(variant, length)
                 phases.append(phase)
@@ -198,21 +181,13 @@ async def run_all(args, targets: dict[str, str], docs: dict[int, list[dict]]) ->
                 elif time.monotonic() + args.duration > run_deadline:
                     phase.skipped = f"--max-total-seconds {args.max_total_seconds} reached"
                 else:
-                    await run_phase(client, base, phase, docs[length], args.concurrency, args.duration,
-                                    args.max_requests, args.timeout, args.truncate)
+                    await run_phase(base, phase, docs[length], args.concurrency, args.duration, args.max_requests,
+                                    args.timeout, args.truncate)
                 print(summary_line(phase), flush=True)
     return phases
 
 
 # ---------------------------------------------------------------------------- reporting
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Exact nearest-rank percentile of an ascending list: its ceil(p/100 * n)-th value."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 def phase_stats(phase: Phase) -> dict:
     ok = sorted(r.latency_s for r in phase.records if r.ok)
     n, errors = len(phase.records), sum(not r.ok for r in phase.records)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -32,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.models.flops import count_flops, matmul_peak_flops
-from attnserve.models.timing import interleaved_medians, median_seconds
+from benchmarks.flops import count_flops, matmul_peak_flops
+from benchmarks.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 SHORT_LENGTHS = (16, 128)  # a retrieval query, a short passage
@@ -94,18 +93,14 @@ def _available_bytes() -> int:
     return 1 << 40
 
 
-def _ort_quadratic_bytes(variant: str, batch: int, length: int, heads: int, config=None) -> int:
-    """Memory ONNX Runtime 1.31's CPU Attention op needs for variants whose attention is over
-    all N keys (cost O(N^2...)): it allocates the (B, H, N, N) float scores (twice, to be safe)
-    for the HEADS_PER_NODE heads of one Attention node. Measured before heads were split
-    across nodes: full at 16,384 tokens was OOM-killed at 14.8 GB resident on a 24 GB machine."""
+def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) -> int:
+    """Memory ONNX Runtime's CPU Attention op needs for a variant that scores every query
+    against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
+    scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
     from attnserve.models.export import HEADS_PER_NODE
-    from attnserve.models.registry import _variant
+    from attnserve.models.registry import VARIANTS
 
-    cost = str(getattr(_variant(variant), "cost", ""))
-    if not cost.startswith("O(N^2"):
-        return 0
-    keys = length // getattr(config, "stride", 1) if "/ stride" in cost else length
+    keys = VARIANTS[variant].dense_keys(config, length)
     return 2 * batch * min(heads, HEADS_PER_NODE) * length * keys * 4
 
 
@@ -140,7 +135,7 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             encoder(warm_ids, warm_mask)
         runner.embed(warm_ids.numpy(), warm_mask.numpy())
         for length in lengths:
-            need = _ort_quadratic_bytes(variant, batch, length, encoder.shape.num_heads, encoder.attention_config)
+            need = _ort_dense_bytes(variant, batch, length, encoder.shape.num_heads, encoder.attention_config)
             if need > 0.6 * _available_bytes():
                 log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's CPU Attention kernel materialises "
                     f"N x N scores per head (~{need / 2**30:.0f} GiB), more than this machine has free")
@@ -150,7 +145,7 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             n_ids, n_mask = ids.numpy(), mask.numpy()
             reps = repeats if length < 8192 else long_repeats
             # One after the other, not in rounds: ONNX Runtime's threads spin for a while after
-            # each run and slow an eager call that follows (full at 512 tokens: 130 ms, not 87).
+            # each run and slow an eager call that follows.
             with torch.no_grad():
                 eager = median_seconds(lambda: encoder(ids, mask), reps, warmup=False)
             ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
@@ -234,7 +229,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     finally:
         if not exports_dir:
             shutil.rmtree(root, ignore_errors=True)
-    ms = {key: statistics.median(values) * 1e3 for key, values in samples.items()}
+    ms = {key: float(np.median(values)) * 1e3 for key, values in samples.items()}
     rows = []
     for variant in names:
         runner = runners[variant]
