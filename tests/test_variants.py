@@ -27,6 +27,20 @@ def test_registry_has_exactly_the_variants():
     assert sorted(name for name, cls in VARIANTS.items() if cls.is_mask) == sorted(MASK_VARIANTS)
 
 
+def test_dense_keys_are_what_the_attention_maps_show():
+    """Attention.dense_keys (what the runtime benchmark sizes ONNX Runtime's score buffers by):
+    the variants that score every query against O(N) keys say how many, the others 0, as
+    each one's cost states."""
+    n = 1536
+    for name, cls in VARIANTS.items():
+        keys = cls.dense_keys(make_config(name, 4096), n)
+        assert (keys > 0) == cls.cost.startswith("O(N^2"), name
+    assert VARIANTS["full"].dense_keys(make_config("full", 4096), n) == n
+    assert VARIANTS["compressed"].dense_keys(make_config("compressed", 4096, stride=4, kernel=4), n) == n // 4
+    _, weights = attention("full")(*inputs(1, 64), torch.ones(1, 64, dtype=torch.bool), need_weights=True)
+    assert weights[0].probs.shape[-1] == VARIANTS["full"].dense_keys(make_config("full", 4096), 64)
+
+
 @pytest.mark.parametrize("name", MASK_VARIANTS)
 @pytest.mark.parametrize("n", LENGTHS)
 def test_mask_variant_equals_dense_masked_softmax(name, n):

@@ -103,6 +103,15 @@ class Attention(nn.Module):
         return 1
 
     @classmethod
+    def dense_keys(cls, config: AttentionConfig, n: int) -> int:
+        """How many keys each of the n queries scores in one dense attention call: n (or n /
+        stride) for the variants whose `cost` is O(N^2 ...), 0 for those that never score every
+        query against O(N) keys at once. A fused attention kernel holds (batch, heads, n, this)
+        scores while it runs, which is what bounds the longest input such a variant can take in
+        a given amount of memory (benchmarks/runtime.py skips lengths past it)."""
+        return 0
+
+    @classmethod
     def exact_up_to(cls, config: AttentionConfig, max_length: int) -> int:
         """The longest input, in real (right-padded) tokens, up to which this variant with
         `config`, built for `max_length`, computes exactly what full attention computes: for

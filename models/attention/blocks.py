@@ -55,9 +55,9 @@ def band_block(half: int, copied_context: bool = False) -> int:
     """Query block for a band of half-width `half`. Each block reads block + 2 * half keys or a
     little more, so smaller blocks waste fewer masked keys and larger ones cost fewer kernel
     calls. A context that is a view of the keys favours half / 4; one copied per block (global
-    keys appended) favours half / 2, with fewer, larger copies. Measured at 4,096 tokens, window
-    512: local 4.7x over full with half / 4 against 4.4x with half / 2; longformer 3.3x with
-    half / 2 against 2.3x with half / 4."""
+    keys appended) favours half / 2: there each copy costs as much as the keys it holds, so
+    fewer, larger copies win over wasting fewer masked keys (`attnserve bench encoder` shows
+    both choices)."""
     return max(16, half // 2 if copied_context else half // 4)
 
 
@@ -73,9 +73,9 @@ def dense_rows_attention(q_rows, k, v, key_valid, scale, need_weights=False):
 
 def take_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """x: (B, H, N, D); order: (B, H, M) row indices per batch and head -> (B, H, M, D).
-    One index_select over the flattened rows: on CPU about 10x faster than gather with an
-    index expanded over D (0.14 ms against 1.67 ms for 12 x 4,096 rows of 32), and a Gather
-    rather than a GatherElements node in ONNX."""
+    One index_select over the flattened rows: it copies whole rows, where gather with an index
+    expanded over D reads one index per element (an order of magnitude slower on CPU), and it
+    exports as a Gather rather than a GatherElements node in ONNX."""
     b, h, n, d = x.shape
     offset = (torch.arange(b * h, device=x.device) * n).view(b, h, 1)
     return x.reshape(b * h * n, d).index_select(0, (order + offset).flatten()).view(b, h, order.shape[2], d)

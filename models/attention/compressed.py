@@ -46,6 +46,10 @@ class MemoryCompressedAttention(Attention):
     adapt_lr = 0.01
 
     @classmethod
+    def dense_keys(cls, config, n):
+        return n // config.stride
+
+    @classmethod
     def length_multiple(cls, config):
         return math.lcm(config.stride, config.kernel)
 

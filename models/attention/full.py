@@ -27,6 +27,10 @@ class FullAttention(Attention):
     is_mask = True
 
     @classmethod
+    def dense_keys(cls, config, n):
+        return n
+
+    @classmethod
     def exact_up_to(cls, config, max_length):
         return max_length
 

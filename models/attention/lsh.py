@@ -58,8 +58,7 @@ class LSHAttention(Attention):
     config_class = LSHConfig
     cost = "O(N * chunk * n_hashes + N log N)"
     # Buckets are an argmax over random rotations, and two rotated values of one token can be
-    # closer (3.6e-7 measured at 640 tokens) than ONNX Runtime's and PyTorch's matmuls agree
-    # (~1e-6). One token changing bucket shifts the sorted order, so the chunks of many tokens
+    # closer (down to ~1e-7) than ONNX Runtime's and PyTorch's matmuls agree (~1e-6). One token changing bucket shifts the sorted order, so the chunks of many tokens
     # change and their hidden states move by up to ~0.2 (embedding cosine down to 0.997),
     # while at most lengths nothing flips and the runtimes agree exactly.
     discontinuous = True
@@ -125,10 +124,10 @@ class LSHAttention(Attention):
         ks, vs = chunk_windows(sort(k, k_order), c.chunk), chunk_windows(sort(v, k_order), c.chunk)
         k_valid = pad_to_multiple(key_valid.gather(1, k_order.flatten(1)).view(batch, heads, n), c.chunk, dim=2, value=False)
         allowed = neighbour_blocks(k_valid.view(batch, heads, nc, c.chunk), 1, fill=False)[:, :, :, None, :]
-        # bmm rather than einsum, here and below: ONNX Runtime's Einsum kernel took a third of
-        # the exported graph's time at 4,096 tokens.
+        # bmm rather than einsum, here and below: ONNX Runtime runs Einsum through a slow
+        # generic kernel and bmm as its MatMul.
         scores = torch.bmm(qs.view(-1, c.chunk, dim), ks.transpose(-1, -2)).view(batch, heads, nc, c.chunk, -1)
-        # Softmax in place: at 16K tokens the scores are 150 MB per round.
+        # Softmax in place: the scores are the largest tensor of a round.
         scores.masked_fill_(~allowed, -1e30)
         top = scores.amax(dim=-1, keepdim=True)
         probs = scores.sub_(top).exp_()  # masked keys underflow to exactly 0

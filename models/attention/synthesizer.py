@@ -40,10 +40,9 @@ from attnserve.models.registry import register_attention
 
 
 # Values per fused-kernel call when heads share their weights (mode "random"). Two heads
-# (64) rather than all twelve (384): at 4,096 tokens one 384-wide call is 1.4x faster than
-# full in PyTorch, but ONNX Runtime's CPU attention leaves its fast path above 64 (1.6x to
-# 1.7x slower at 128 and 384) and CUDA's flash kernels stop at 256. 64 beats per-head
-# calls in both runtimes.
+# (64) rather than all twelve (384): one wide call would suit eager PyTorch, but ONNX
+# Runtime's CPU attention has its fast path only up to 64-wide heads (DEVELOPERS.md) and
+# CUDA's flash kernels stop at 256; 64 still beats per-head calls in both runtimes.
 SHARED_VALUE_WIDTH = 64
 
 
@@ -76,6 +75,10 @@ class SynthesizerAttention(Attention):
     cost = "O(N^2 * rank)"
     adapt_lr = 0.01
     # exact_up_to stays 0: its weights never come from query-key products.
+
+    @classmethod
+    def dense_keys(cls, config, n):
+        return n
 
     def __init__(self, config, num_heads, head_dim, max_length):
         super().__init__(config, num_heads, head_dim, max_length)
