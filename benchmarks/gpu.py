@@ -298,14 +298,15 @@ def token_inputs(batch: int, length: int, seed: int):
 def timed(fn, repeats: int, cell_seconds: float = CELL_SECONDS) -> tuple[float, int]:
     """(median seconds, calls timed): untimed warm-up calls (the first pays for allocation and
     kernel and algorithm selection; a second unless the first alone passed cell_seconds), then
-    `repeats` calls, fewer when one call is slow enough to pass cell_seconds."""
-    from benchmarks.timing import median_seconds
+    `repeats` timed calls (each after two untimed ones, benchmarks.timing), fewer when those
+    would take more than cell_seconds."""
+    from benchmarks.timing import CALLS_PER_SAMPLE, median_seconds
 
     one = _seconds(fn)
     if one < cell_seconds:
         one = _seconds(fn)
-    count = max(1, min(repeats, int(cell_seconds / max(one, 1e-9))))
-    return median_seconds(fn, count, warmup=False), count
+    count = max(1, min(repeats, int(cell_seconds / max(CALLS_PER_SAMPLE * one, 1e-9))))
+    return median_seconds(fn, count), count
 
 
 def _seconds(fn) -> float:
@@ -552,10 +553,10 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
 
 def _run_padded(session, ids, mask, export_dir: Path):
     """sentence_embedding from a bare session, inputs padded to the export's granule as the runner pads them."""
-    from attnserve.service.runtime import pad_to, read_manifest
+    from attnserve.service.export_format import pad_to, read_manifest
 
     manifest = read_manifest(export_dir)
-    pid, pm = pad_to(ids, mask, int(manifest["length_multiple"]), int(manifest.get("min_length", 2)))
+    pid, pm = pad_to(ids, mask, manifest.length_multiple, manifest.min_length)
     return session.run(["sentence_embedding"], {"input_ids": pid, "attention_mask": pm})[0]
 
 

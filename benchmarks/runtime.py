@@ -147,8 +147,8 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             # One after the other, not in rounds: ONNX Runtime's threads spin for a while after
             # each run and slow an eager call that follows.
             with torch.no_grad():
-                eager = median_seconds(lambda: encoder(ids, mask), reps, warmup=False)
-            ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps, warmup=False)
+                eager = median_seconds(lambda: encoder(ids, mask), reps)
+            ort_s = median_seconds(lambda: runner.embed(n_ids, n_mask), reps)
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
             flops = count_flops(lambda: encoder(ids, mask))
@@ -213,9 +213,6 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
                 calls[(variant, n, "runner")] = lambda r=runners[variant], ids=ids, mask=mask: r.embed(ids, mask)
                 if variant in main_only:
                     calls[(variant, n, "main")] = lambda r=main_only[variant], ids=ids, mask=mask: r.embed(ids, mask)
-        for fn in calls.values():  # warm-up: first runs pay for allocation and kernel selection
-            fn()
-            fn()
         samples = {key: [] for key in calls}
         keys = list(calls)
         shuffle = random.Random(0).shuffle
@@ -223,7 +220,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
             progress(f"timing {len(keys)} calls in rounds: {round_ + 1}/{repeats}")
             order = list(keys)
             shuffle(order)
-            for key, seconds in interleaved_medians({k: calls[k] for k in order}, 1, warmup=False).items():
+            for key, seconds in interleaved_medians({k: calls[k] for k in order}, 1).items():
                 samples[key].append(seconds)
         progress(f"timed {len(keys)} calls in {repeats} rounds", done=True)
     finally:
@@ -283,7 +280,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     from torch import nn
 
     from attnserve.models import load_encoder
-    from attnserve.models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, _export_graph, _ort_session,
+    from attnserve.models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, export_graph, ort_session,
                                analysis_layout, length_multiple, pad_to)
     from attnserve.models.registry import make_config
 
@@ -305,9 +302,9 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     names = [f"attn{l}_{p}_{part}" for l, pieces in enumerate(layout) for p in range(pieces) for part in ("rows", "cols", "probs")]
     root = Path(tempfile.mkdtemp(prefix="attnserve-pruning-"))
     with torch.no_grad():
-        _export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, False, log)
-        _export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, False, log)
-    embedding, combined = _ort_session(root / "embedding.onnx", threads), _ort_session(root / "combined.onnx", threads)
+        export_graph(EmbeddingGraph(encoder).eval(), root / "embedding.onnx", EMBEDDING_OUTPUTS, multiple, capacity, 8, 23, False, log)
+        export_graph(CombinedGraph().eval(), root / "combined.onnx", EMBEDDING_OUTPUTS + names, multiple, capacity, 8, 23, False, log)
+    embedding, combined = ort_session(root / "embedding.onnx", threads), ort_session(root / "combined.onnx", threads)
     ids, mask = _inputs(1, length)
     ids, mask = pad_to(ids.numpy(), mask.numpy(), multiple)
     feeds = {"input_ids": ids, "attention_mask": mask}
@@ -317,7 +314,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
         "embedding_graph_ms": lambda: embedding.run(["sentence_embedding"], feeds),
         "combined_graph_embedding_only_ms": lambda: combined.run(["sentence_embedding"], feeds),
         "combined_graph_all_outputs_ms": lambda: combined.run(None, feeds),
-    }, repeats, warmup=False)
+    }, repeats)
     result = {"variant": variant, "length": length, **{key: seconds * 1e3 for key, seconds in timed.items()}}
     del embedding, combined
     shutil.rmtree(root, ignore_errors=True)

