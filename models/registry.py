@@ -24,6 +24,12 @@ def register_attention(name: str):
     return register
 
 
+def unregister_attention(name: str) -> None:
+    """Remove a variant registered at run time (one a test defines), so the registry lists
+    exactly the shipped ones again."""
+    VARIANTS.pop(name, None)
+
+
 def variant_names() -> list[str]:
     _load_all()
     return list(VARIANTS)
@@ -31,14 +37,14 @@ def variant_names() -> list[str]:
 
 def parameters(variant: str) -> dict[str, object]:
     """Every parameter of a variant with its default."""
-    config_class = _variant(variant).config_class
+    config_class = variant_class(variant).config_class
     return {f.name: f.default for f in dataclasses.fields(config_class)}
 
 
 def make_config(variant: str, max_length: int, **params) -> AttentionConfig:
     """The variant's config from keyword parameters; unknown names and impossible values are
     a ValueError that lists what is valid. String values (from a CLI) are converted."""
-    cls = _variant(variant)
+    cls = variant_class(variant)
     fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
     unknown = sorted(set(params) - set(fields))
     if unknown:
@@ -52,10 +58,12 @@ def make_config(variant: str, max_length: int, **params) -> AttentionConfig:
 
 
 def build_attention(config: AttentionConfig, num_heads: int, head_dim: int, max_length: int) -> Attention:
-    return _variant(config.variant)(config, num_heads, head_dim, max_length)
+    return variant_class(config.variant)(config, num_heads, head_dim, max_length)
 
 
-def _variant(name: str) -> type[Attention]:
+def variant_class(name: str) -> type[Attention]:
+    """The registered class of a variant: its facts (length_multiple, exact_up_to,
+    discontinuous, config_class ...) are read from it. ValueError listing the valid names."""
     _load_all()
     if name not in VARIANTS:
         raise ValueError(f"unknown attention variant {name!r}; valid: {', '.join(VARIANTS)}")

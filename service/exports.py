@@ -1,53 +1,46 @@
 """Where a deployment's export lives, and making it on first start.
 
-models_dir holds one export per recipe (models.export.export_recipe: the variant's resolved
-parameters, max_length, adapted weights, attnserve's code and the converters' versions), named
-after its digest, so that changing any of them makes a new one and a default spelled out does not. Exporting needs torch and models/, imported only here and
-only when no export exists yet.
+models_dir holds one export per recipe (`attnserve export --print-recipe`: the variant's
+resolved parameters, max_length, adapted weights, attnserve's code and the converters'
+versions), named after its digest, so that changing any of them makes a new one and a default
+spelled out does not.
 
-Adapted weights (`attnserve adapt --out DIR`) are found by the file names below; models.weights
-reads and writes them with the same names, so serving an existing export never needs torch.
+Serving never imports attnserve.models (nor torch): the recipe and the export itself come from
+`python -m attnserve.models.export` run as a child process, whose progress goes to this
+process's output. Where torch is not installed, an export made elsewhere is found by its manifest.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from attnserve.service.runtime import ExportError, code_sha256, read_manifest, recipe_sha256, sha256
+from attnserve.service.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
+    META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, param_arg, read_manifest, recipe_sha256,
+    sha256, weights_file)
 from attnserve.service.settings import Settings
 
 log = logging.getLogger("attnserve")
 
-
-WEIGHTS_FILE = "weights.safetensors"
-META_FILE = "adapt.json"
+EXPORTER = [sys.executable, "-m", "attnserve.models.export"]
 
 
 class ExportMissing(RuntimeError):
     """No export where one was expected, and none can be made here."""
 
 
-class WeightsError(ValueError):
-    """Adapted weights that cannot be applied; the message names the file and what to change."""
-
-
-def weights_file(weights_dir) -> Path:
-    """DIR/weights.safetensors, checked to exist (WeightsError naming what is missing)."""
-    weights_dir = Path(weights_dir)
-    if not weights_dir.is_dir():
-        raise WeightsError(f"{weights_dir}: no such weights directory; pass a directory written by `attnserve adapt --out DIR`")
-    path = weights_dir / WEIGHTS_FILE
-    if not path.is_file():
-        raise WeightsError(f"{path}: missing; a weights directory holds {WEIGHTS_FILE} (and {META_FILE}) "
-                           f"as `attnserve adapt --out DIR` writes them")
-    return path
+class ExportFailed(RuntimeError):
+    """The exporter ran and did not finish an export; the message holds what it said."""
 
 
 def export_name(recipe: dict) -> str:
-    """The folder under models_dir that holds the export of `recipe` (models.export.export_recipe)."""
+    """The folder under models_dir that holds the export of `recipe` (the exporter's --print-recipe)."""
     return f"{recipe['variant']}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
 
 
@@ -56,14 +49,42 @@ def weights_sha256(settings: Settings) -> str | None:
     return sha256(weights_file(settings.weights)) if settings.weights is not None else None
 
 
-def settings_recipe(settings: Settings) -> dict:
-    """The export recipe these settings ask for. Needs torch and models/ (the variant's
-    defaults): ImportError without them. ValueError for an unknown variant or parameter."""
-    from attnserve.models.export import export_recipe
-    from attnserve.models.registry import make_config
+def exporter_args(settings: Settings) -> list[str]:
+    """The `attnserve export` arguments (less --out) that make the export these settings serve."""
+    args = ["--variant", settings.variant, "--max-length", str(settings.max_length)]
+    for key, value in settings.params.items():
+        args += ["--param", param_arg(key, value)]
+    return args + (["--weights", str(settings.weights)] if settings.weights is not None else [])
 
-    config = make_config(settings.variant, settings.max_length, **settings.params)
-    return export_recipe(config, settings.max_length, weights_sha256(settings))
+
+def _exporter_error(result: subprocess.CompletedProcess) -> str:
+    """What a failed exporter said: its `attnserve export: error:` line, else its last lines."""
+    lines = [line for line in (result.stderr or "").strip().splitlines() if line.strip()]
+    said = [line.split("error: ", 1)[1] for line in lines if line.startswith("attnserve export: error: ")]
+    return said[-1] if said else "\n".join(lines[-15:]) or f"exit status {result.returncode}"
+
+
+def settings_recipe(settings: Settings) -> dict:
+    """The export recipe these settings ask for, from the exporter (it knows the variant's
+    defaults). ImportError where torch is not installed; ValueError for an unknown variant or
+    parameter (the exporter's message); WeightsError for weights that are not there."""
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError("No module named 'torch'")
+    weights_sha256(settings)  # a missing weights file is refused here, as WeightsError
+    result = subprocess.run([*EXPORTER, *exporter_args(settings), "--print-recipe"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ValueError(_exporter_error(result))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_export(settings: Settings, out_dir: Path) -> None:
+    """Export what the settings serve into out_dir with the exporter in a child process; its
+    progress goes to this process's stdout. ExportFailed with what it said when it fails."""
+    result = subprocess.run([*EXPORTER, *exporter_args(settings), "--out", str(out_dir)], stderr=subprocess.PIPE, text=True)
+    if result.stderr:
+        sys.stderr.write(result.stderr)
+    if result.returncode != 0:
+        raise ExportFailed(f"exporting {settings.variant} into {out_dir} failed: {_exporter_error(result)}")
 
 
 def export_path(settings: Settings) -> Path:
@@ -78,7 +99,8 @@ def check_export_weights(target: Path, settings: Settings) -> None:
     expected = weights_sha256(settings)
     if expected is None:
         return
-    recorded = (read_manifest(target).get("weights") or {}).get("sha256")
+    weights = read_manifest(target).weights
+    recorded = weights.sha256 if weights else None
     if recorded != expected:
         had = f"with weights {recorded[:10]}" if recorded else "without adapted weights"
         raise WeightsError(
@@ -105,25 +127,28 @@ def ensure_export(settings: Settings) -> Path:
         target = settings.models_dir / export_name(recipe)
     if (target / "manifest.json").is_file():
         check_export_weights(target, settings)
-        log.info("serving the export at %s (%s)", target, describe_export(read_manifest(target)))
+        log.info("serving the export at %s (%s)", target, read_manifest(target).describe())
         return target
     check_export_target(target)
-    # Before anything says "exporting": a serving-only install (no torch) never starts one.
-    try:
-        from attnserve.models.export import export_model  # torch: only when exporting
-    except ImportError as exc:
-        raise ExportMissing(
-            f"no export at {target} (no manifest.json), and this install cannot make one ({exc}): export it where "
-            f"the export extra is installed (pip install 'attnserve[export]') with `{export_command(settings)}`, "
-            f"copy DIR here and serve it with --export-dir DIR"
-        ) from exc
+    # Before anything says "exporting": a serving-only install (no torch) never starts one, and
+    # a bad variant or parameter is refused by the exporter before it builds anything.
+    if recipe is None:
+        try:
+            recipe = settings_recipe(settings)
+        except ImportError as exc:
+            raise ExportMissing(
+                f"no export at {target} (no manifest.json), and this install cannot make one ({exc}): export it where "
+                f"the export extra is installed (pip install 'attnserve[export]') with `{export_command(settings)}`, "
+                f"copy DIR here and serve it with --export-dir DIR"
+            ) from exc
     log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once%s", target, settings.variant,
-                settings.max_length, settings.params, settings.weights, why_not_cached(settings, recipe))
+                settings.max_length, settings.params, settings.weights,
+                why_not_cached(settings, recipe) if settings.export_dir is None else "")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        export_model(settings.variant, dict(settings.params), settings.max_length, scratch, weights=settings.weights)
+        run_export(settings, scratch)
         try:
             # Replaces a missing or empty directory only: a non-empty one fails (ENOTEMPTY).
             os.replace(scratch, target)
@@ -142,7 +167,7 @@ def ensure_export(settings: Settings) -> Path:
 
 def export_command(settings: Settings) -> str:
     """The `attnserve export` command line that makes the export these settings serve, into DIR."""
-    params = "".join(f" --param {key}={value}" for key, value in settings.params.items())
+    params = "".join(f" --param {param_arg(key, value)}" for key, value in settings.params.items())
     weights = f" --weights {settings.weights}" if settings.weights is not None else ""
     return f"attnserve export --variant {settings.variant}{params} --max-length {settings.max_length}{weights} --out DIR"
 
@@ -159,14 +184,7 @@ def check_export_target(target: Path) -> None:
         )
 
 
-def describe_export(manifest: dict) -> str:
-    recipe = manifest.get("recipe") or {}
-    return (f"{manifest.get('variant')} at {manifest.get('max_length')} tokens, made {manifest.get('created', '?')} by attnserve "
-            f"{recipe.get('attnserve', '?')} (code {str(recipe.get('code_sha256', '?'))[:10]}) with torch "
-            f"{(manifest.get('versions') or {}).get('torch', '?')}")
-
-
-def _cached(settings: Settings) -> list[tuple[Path, dict]]:
+def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
     """(directory, manifest) of each finished export under models_dir for this variant and
     max_length, newest first."""
     found = []
@@ -175,7 +193,7 @@ def _cached(settings: Settings) -> list[tuple[Path, dict]]:
             found.append((manifest_path.parent, read_manifest(manifest_path.parent)))
         except ExportError:
             continue
-    return sorted(found, key=lambda item: str(item[1].get("created", "")), reverse=True)
+    return sorted(found, key=lambda item: item[1].created or "", reverse=True)
 
 
 def why_not_cached(settings: Settings, recipe: dict | None) -> str:
@@ -183,7 +201,7 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
     these settings: the recipe entries in which the newest one differs."""
     if recipe is None:
         return ""
-    cached = [(path, manifest.get("recipe") or {}) for path, manifest in _cached(settings)]
+    cached = [(path, manifest.recipe) for path, manifest in _cached(settings)]
     if not cached:
         return ""
     path, old = cached[0]
@@ -199,11 +217,11 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
     attnserve's code whose parameters agree with every one the settings name."""
     weights, code = weights_sha256(settings), code_sha256()
     for path, manifest in _cached(settings):
-        recipe = manifest.get("recipe") or {}
+        recipe = manifest.recipe
         parameters = recipe.get("parameters") or {}
         if (recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
                 and all(key in parameters and str(parameters[key]) == str(value) for key, value in settings.params.items())):
-            log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, describe_export(manifest))
+            log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, manifest.describe())
             check_export_weights(path, settings)
             return path
     raise ExportMissing(

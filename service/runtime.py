@@ -1,4 +1,4 @@
-"""ONNX Runtime runner over an export directory (see models/export.py for what it holds).
+"""ONNX Runtime runner over an export directory (service/export_format.py says what it holds).
 
 Needs numpy and onnxruntime only: neither torch nor models/ is imported here, so a serving
 image without PyTorch runs it.
@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import hashlib
-import importlib.metadata
-import json
 import logging
 import threading
 from pathlib import Path
@@ -31,26 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
+from attnserve.service.export_format import ExportError, Manifest, check_files, pad_to, padded_width, read_manifest
 
 log = logging.getLogger("attnserve")
 
 DEFAULT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-FORMAT = "attnserve-onnx/1"
 _OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
-
-
-class ExportError(Exception):
-    """The export directory cannot be served: a file is missing, corrupt or does not match
-    manifest.json. The message names the file."""
-
-
-def sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB pieces (the manifest records it per file)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def cuda_unavailable(ort) -> str | None:
@@ -74,91 +57,6 @@ def cuda_unavailable(ort) -> str | None:
             if "cannot open shared object file" in str(exc):
                 return f"{exc} (install the CUDA and cuDNN versions onnxruntime-gpu {ort.__version__} needs)"
     return None
-
-
-def code_sha256() -> str:
-    """sha256 of the sources of the `models` package (what builds an export's graphs), read as
-    files beside this package's (one distribution installs both), so that a machine without
-    torch, where `models` cannot be imported, computes it too."""
-    root = Path(__file__).resolve().parents[1] / "models"
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def package_version(name: str) -> str | None:
-    """An installed distribution's version, without importing it (None when absent)."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def recipe_sha256(recipe: dict) -> str:
-    """The digest an export is cached under: of everything its recipe lists."""
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def pad_to(ids: np.ndarray, mask: np.ndarray, multiple: int, minimum: int = 2):
-    """Right-pad (B, N) int64 ids/mask with zeros to a multiple of `multiple` (and >= minimum):
-    the sequence granule every exported graph takes."""
-    n = ids.shape[1]
-    width = max(-(-n // multiple), -(-minimum // multiple)) * multiple
-    if width == n:
-        return ids, mask
-    pid = np.zeros((ids.shape[0], width), dtype=np.int64)
-    pm = np.zeros((ids.shape[0], width), dtype=np.int64)
-    pid[:, :n], pm[:, :n] = ids, mask
-    return pid, pm
-
-
-def read_manifest(export_dir: Path) -> dict:
-    path = export_dir / "manifest.json"
-    if not path.is_file():
-        raise ExportError(f"{path}: missing (not an attnserve export directory; run `attnserve export`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ExportError(f"{path}: not an {FORMAT} manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
-    for key in ("variant", "max_length", "length_multiple", "hidden_size", "num_layers", "num_heads", "graphs", "files"):
-        if key not in manifest:
-            raise ExportError(f"{path}: has no {key!r}")
-    return manifest
-
-
-def check_files(export_dir: Path, manifest: dict, names=None) -> None:
-    """Every named file (default: every file manifest.json lists) exists and has the size and
-    sha256 manifest.json records. All sizes are checked before any file is hashed, so a
-    truncated file is named at once."""
-    files = manifest["files"]
-    names = list(files if names is None else names)
-    fix = (f"the export is damaged: delete {export_dir} and start `attnserve serve` again to export it anew, "
-           f"or write it again with `attnserve export`")
-    for name in names:
-        path = export_dir / name
-        if name not in files:
-            raise ExportError(f"{path}: not listed in {export_dir / 'manifest.json'}; {fix}")
-        if not path.is_file():
-            raise ExportError(f"{path}: missing (manifest.json lists it); {fix}")
-        expected = files[name]
-        size = path.stat().st_size
-        if "bytes" in expected and size != expected["bytes"]:
-            raise ExportError(f"{path}: {size} bytes, manifest.json says {expected['bytes']} (file changed or truncated); {fix}")
-    for name in names:
-        path = export_dir / name
-        expected = files[name]
-        actual = sha256(path)
-        if actual != expected.get("sha256"):
-            raise ExportError(f"{path}: sha256 {actual[:16]}... does not match manifest.json "
-                              f"({str(expected.get('sha256'))[:16]}...); {fix}")
-
-
-def _graph_files(manifest: dict, graph: str) -> list[str]:
-    main = manifest["graphs"][graph]["file"]
-    return [main] + ([main + ".data"] if main + ".data" in manifest["files"] else [])
 
 
 class OnnxRunner:
@@ -187,20 +85,23 @@ class OnnxRunner:
         self.export_dir = Path(export_dir)
         if not self.export_dir.is_dir():
             raise ExportError(f"{self.export_dir}: export directory does not exist")
-        self.manifest = read_manifest(self.export_dir)
+        self.export_manifest: Manifest = read_manifest(self.export_dir)
+        spec = self.export_manifest
+        # The same manifest as plain JSON, for what reports it (the /info route).
+        self.manifest: dict = spec.as_json()
         # Every file, the lazily opened analysis graph and tokenizer.json too, is checked before
         # serving starts: a damaged export fails here, by name, not in the first requests. The
         # hashing reads what ONNX Runtime loads next (DEVELOPERS.md gives its cost).
-        graph_files = [name for graph in self.manifest["graphs"] for name in _graph_files(self.manifest, graph)]
-        check_files(self.export_dir, self.manifest, dict.fromkeys([*self.manifest["files"], *graph_files]))
-        self.variant: str = self.manifest["variant"]
-        self.max_length: int = int(self.manifest["max_length"])
-        self.length_multiple: int = int(self.manifest["length_multiple"])
-        self.min_length: int = int(self.manifest.get("min_length", 2))
-        self.max_batch: int = int(self.manifest.get("max_batch", 1 << 30))
-        self.hidden_size: int = int(self.manifest["hidden_size"])
-        self.num_layers: int = int(self.manifest["num_layers"])
-        self.num_heads: int = int(self.manifest["num_heads"])
+        graph_files = [name for graph in self._graphs() for name in spec.graph_files(graph)]
+        check_files(self.export_dir, spec, dict.fromkeys([*spec.files, *graph_files]))
+        self.variant: str = spec.variant
+        self.max_length: int = spec.max_length
+        self.length_multiple: int = spec.length_multiple
+        self.min_length: int = spec.min_length
+        self.max_batch: int = spec.max_batch
+        self.hidden_size: int = spec.hidden_size
+        self.num_layers: int = spec.num_layers
+        self.num_heads: int = spec.num_heads
         if graph_optimization not in _OPTIMIZATION_LEVELS:
             raise ValueError(f"graph_optimization must be one of {', '.join(_OPTIMIZATION_LEVELS)} (got {graph_optimization!r})")
         self.requested_providers = list(providers) if providers else list(DEFAULT_PROVIDERS)
@@ -224,26 +125,30 @@ class OnnxRunner:
         # session.run (on CPU a binding would only add copies).
         self.io_binding_device: str | None = "cuda" if self.provider == "CUDAExecutionProvider" else None
         # Batches whose real tokens end within short_max_length run the short graph (0: none).
-        short = self.manifest["graphs"].get("short") if short_graph else None
+        short = spec.graphs.short if short_graph else None
         self._short = self._open("short") if short else None
-        if short and list(short["outputs"]) != list(self.manifest["graphs"]["embedding"]["outputs"]):
+        if short and short.outputs != spec.graphs.embedding.outputs:
             raise ExportError(f"{self.export_dir / 'manifest.json'}: the short graph's outputs differ from the embedding graph's")
-        self.short_max_length: int = min(int(short["max_length"]), self.max_length) if short else 0
+        self.short_max_length: int = min(short.max_length, self.max_length) if short else 0
         # Embedding-graph runs per graph ("embedding", "short"): which one served the batches.
         self.graph_runs: collections.Counter = collections.Counter()
-        analysis = self.manifest["graphs"].get("analysis") or {}
+        analysis = spec.graphs.analysis
         # Longest text an attention-map request may have (0: the export has no analysis graph).
-        self.attention_max_length: int = int(analysis.get("max_length", self.max_length)) if analysis else 0
+        self.attention_max_length: int = analysis.max_length if analysis else 0
         self._analysis = None
         self._analysis_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sessions
 
+    def _graphs(self) -> list[str]:
+        """The graphs this export holds: embedding, and short and analysis where exported."""
+        return [name for name in ("embedding", "short", "analysis") if getattr(self.export_manifest.graphs, name) is not None]
+
     def _open(self, graph: str):
         ort = self._ort
-        if graph not in self.manifest["graphs"]:
+        if graph not in self._graphs():
             raise ExportError(f"{self.export_dir / 'manifest.json'}: export has no {graph} graph (exported with --no-analysis?)")
-        path = self.export_dir / self.manifest["graphs"][graph]["file"]
+        path = self.export_dir / getattr(self.export_manifest.graphs, graph).file
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
         arena = graph != "analysis"
@@ -269,9 +174,9 @@ class OnnxRunner:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs
             raise ExportError(f"{path}: ONNX Runtime cannot load it: {str(exc).strip()[:500]}") from exc
-        expected = self.manifest["graphs"][graph]["outputs"]
+        expected = getattr(self.export_manifest.graphs, graph).outputs
         names = [o.name for o in session.get_outputs()]
-        if names != list(expected):
+        if names != expected:
             raise ExportError(f"{path}: outputs {names[:4]}... do not match manifest.json")
         if arena:
             self._arena_sessions.add(id(session))
@@ -324,7 +229,7 @@ class OnnxRunner:
 
     def _granule_length(self, n: int) -> int:
         """n tokens padded to the main and analysis graphs' sequence multiple."""
-        return max(-(-n // self.length_multiple), -(-self.min_length // self.length_multiple)) * self.length_multiple
+        return padded_width(n, self.length_multiple, self.min_length)
 
     def _run(self, session, outputs: list[str], ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         feeds = {"input_ids": ids, "attention_mask": mask}
@@ -408,13 +313,13 @@ class OnnxRunner:
         self._require_analysis()
         session = self._analysis_session()
         shapes = {o.name: tuple(o.shape) for o in session.get_outputs()}
-        pieces = self.manifest["graphs"]["analysis"]["attention"][0]
+        pieces = self.export_manifest.graphs.analysis.attention[0]
         piece_shapes = [(shapes[p["rows"]], shapes[p["cols"]], shapes[p["probs"]]) for p in pieces]
         sequence_dim = session.get_inputs()[0].shape[1]
         return map_cost(piece_shapes, sequence_dim, self._granule_length(n), n, head)
 
     def _require_analysis(self) -> None:
-        if "analysis" not in self.manifest["graphs"]:
+        if self.export_manifest.graphs.analysis is None:
             raise ValueError(f"this export has no analysis graph, so no attention maps (exported with --no-analysis): {self.export_dir}")
 
     def _check_map_length(self, n: int) -> None:
@@ -424,7 +329,7 @@ class OnnxRunner:
 
     def _pieces(self, ids, mask, layers) -> list[list[tuple]]:
         session = self._analysis_session()
-        per_layer = [self.manifest["graphs"]["analysis"]["attention"][layer] for layer in layers]
+        per_layer = [self.export_manifest.graphs.analysis.attention[layer] for layer in layers]
         names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
         values = iter(self._run(session, names, ids, mask))
         return [[(next(values), next(values), next(values)) for _ in pieces] for pieces in per_layer]

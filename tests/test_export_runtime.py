@@ -256,10 +256,10 @@ class _ShapeBranch(nn.Module):
 
 
 def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
-    from attnserve.models.export import ExportFailed, _export_graph
+    from attnserve.models.export import ExportFailed, export_graph
 
     with pytest.raises(ExportFailed, match="torch.export could not trace model.onnx with dynamic batch and sequence"):
-        _export_graph(_ShapeBranch(), tmp_path / "model.onnx", ["a", "b", "c"], 1, 1024, 8, 23, False, lambda m: None)
+        export_graph(_ShapeBranch(), tmp_path / "model.onnx", ["a", "b", "c"], 1, 1024, 8, 23, False, lambda m: None)
     assert not (tmp_path / "model.onnx").exists()
 
 

@@ -51,25 +51,27 @@ def test_serve_refuses_a_file_as_export_dir(tmp_path):
     assert path.read_text() == "not a directory"
 
 
+# The fakes stand in for run_export, the exporter child process of ensure_export (minutes of
+# torch); the recipe still comes from the real exporter (`--print-recipe`).
+
 def _fake_export(calls: list):
-    """export_model's part in ensure_export: write a finished export's manifest into out_dir."""
+    """run_export's part in ensure_export: write a finished export's manifest into out_dir."""
 
-    def export_model(variant, params, max_length, out_dir, weights=None):
+    def run_export(settings, out_dir):
         calls.append(Path(out_dir))
-        Path(out_dir, "manifest.json").write_text(json.dumps({"variant": variant, "max_length": max_length}))
+        Path(out_dir, "manifest.json").write_text(json.dumps({"variant": settings.variant, "max_length": settings.max_length}))
 
-    return export_model
+    return run_export
 
 
 def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_path, monkeypatch):
-    import attnserve.models.export
-
+    from attnserve.service import exports
     from attnserve.service.exports import ensure_export
-    from attnserve.service.runtime import ExportError
+    from attnserve.service.export_format import ExportError
     from attnserve.service.settings import Settings
 
     calls: list[Path] = []
-    monkeypatch.setattr(models.export, "export_model", _fake_export(calls))
+    monkeypatch.setattr(exports, "run_export", _fake_export(calls))
     for name, make in (("missing", lambda p: None), ("empty", lambda p: p.mkdir())):
         target = tmp_path / name
         make(target)
@@ -91,32 +93,28 @@ def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_p
 
 
 def _recipe_export(calls: list):
-    """export_model's part in ensure_export, writing a manifest with the recipe the real
-    export records (no graphs)."""
-    from attnserve.models.export import export_recipe
-    from attnserve.models.registry import make_config
+    """run_export's part in ensure_export, writing a manifest with the recipe the real export
+    records (settings_recipe's) and no graph files."""
+    from attnserve.service import exports
+    from attnserve.service.export_format import EMBEDDING_OUTPUTS, FORMAT, Manifest, write_manifest
 
-    from attnserve.service.runtime import FORMAT
+    def run_export(settings, out_dir):
+        calls.append((settings.variant, dict(settings.params)))
+        write_manifest(out_dir, Manifest(
+            format=FORMAT, variant=settings.variant, max_length=settings.max_length, length_multiple=1, hidden_size=384,
+            num_layers=6, num_heads=12, graphs={"embedding": {"file": "model.onnx", "outputs": EMBEDDING_OUTPUTS}}, files={},
+            recipe=exports.settings_recipe(settings), created=f"2026-12-01T00:00:0{len(calls)}Z"))
 
-    def export_model(variant, params, max_length, out_dir, weights=None):
-        calls.append((variant, dict(params)))
-        recipe = export_recipe(make_config(variant, max_length, **params), max_length)
-        Path(out_dir, "manifest.json").write_text(json.dumps({
-            "format": FORMAT, "variant": variant, "max_length": max_length, "length_multiple": 1, "hidden_size": 384,
-            "num_layers": 6, "num_heads": 12, "graphs": {}, "files": {}, "recipe": recipe, "created": f"2026-12-01T00:00:0{len(calls)}Z"}))
-
-    return export_model
+    return run_export
 
 
 def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
-    import attnserve.models.export
-
-    import attnserve.service.exports
+    from attnserve.service import exports
     from attnserve.service.exports import ExportMissing, ensure_export
     from attnserve.service.settings import Settings
 
     calls: list = []
-    monkeypatch.setattr(models.export, "export_model", _recipe_export(calls))
+    monkeypatch.setattr(exports, "run_export", _recipe_export(calls))
     models_dir = tmp_path / "models"
     default = ensure_export(Settings(models_dir=models_dir, max_length=512))
     # The default spelled out is the same export: nothing exported again.
@@ -125,8 +123,9 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
     other = ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "256"}))
     assert other != default and len(calls) == 2
     # An upgrade (other code) exports anew, and says why the cached one does not fit.
-    monkeypatch.setattr(service.exports, "code_sha256", lambda: "0" * 64)
-    monkeypatch.setattr(models.export, "code_sha256", lambda: "0" * 64)
+    real_recipe = exports.settings_recipe
+    monkeypatch.setattr(exports, "settings_recipe", lambda settings: {**real_recipe(settings), "code_sha256": "0" * 64})
+    monkeypatch.setattr(exports, "code_sha256", lambda: "0" * 64)
     with caplog.at_level("WARNING", logger="attnserve"):
         upgraded = ensure_export(Settings(models_dir=models_dir, max_length=512))
     assert upgraded not in (default, other) and len(calls) == 3
@@ -137,10 +136,10 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
     def no_torch(settings):
         raise ImportError("No module named 'torch'")
 
-    monkeypatch.setattr(service.exports, "settings_recipe", no_torch)
+    monkeypatch.setattr(exports, "settings_recipe", no_torch)
     assert ensure_export(Settings(models_dir=models_dir, max_length=512)) == upgraded
     monkeypatch.undo()
-    monkeypatch.setattr(service.exports, "settings_recipe", no_torch)
+    monkeypatch.setattr(exports, "settings_recipe", no_torch)
     assert ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "256"})) == other
     with pytest.raises(ExportMissing, match="--export-dir DIR"):
         ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "128"}))
@@ -148,21 +147,20 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
 
 
 def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path, monkeypatch):
-    import attnserve.models.export
-
+    from attnserve.service import exports
     from attnserve.service.exports import ensure_export
-    from attnserve.service.runtime import ExportError
+    from attnserve.service.export_format import ExportError
     from attnserve.service.settings import Settings
 
     target = tmp_path / "export"
     plain = _fake_export([])
 
-    def someone_writes_meanwhile(variant, params, max_length, out_dir, weights=None):
-        plain(variant, params, max_length, out_dir, weights)
+    def someone_writes_meanwhile(settings, out_dir):
+        plain(settings, out_dir)
         target.mkdir(exist_ok=True)
         (target / "theirs.txt").write_text("theirs")
 
-    monkeypatch.setattr(models.export, "export_model", someone_writes_meanwhile)
+    monkeypatch.setattr(exports, "run_export", someone_writes_meanwhile)
     with pytest.raises(ExportError, match="cannot move the finished export there"):
         ensure_export(Settings(export_dir=target, max_length=512))
     assert (target / "theirs.txt").read_text() == "theirs"
@@ -170,12 +168,12 @@ def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path
     # Another server finishing the same export first is served as it is.
     shutil.rmtree(target)
 
-    def another_server_finishes_first(variant, params, max_length, out_dir, weights=None):
-        plain(variant, params, max_length, out_dir, weights)
+    def another_server_finishes_first(settings, out_dir):
+        plain(settings, out_dir)
         target.mkdir()
         (target / "manifest.json").write_text(json.dumps({"variant": "theirs"}))
 
-    monkeypatch.setattr(models.export, "export_model", another_server_finishes_first)
+    monkeypatch.setattr(exports, "run_export", another_server_finishes_first)
     assert ensure_export(Settings(export_dir=target, max_length=512)) == target
     assert json.loads((target / "manifest.json").read_text()) == {"variant": "theirs"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
@@ -322,7 +320,7 @@ def damaged_copy(export_dir: Path, tmp_path: Path, name: str) -> Path:
 
 def rewrite_manifest_to_match(copy: Path, name: str) -> None:
     """What someone editing both a file and the manifest would leave: the record matches."""
-    from attnserve.service.runtime import sha256
+    from attnserve.service.export_format import sha256
 
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["files"][name] = {"sha256": sha256(copy / name), "bytes": (copy / name).stat().st_size}

@@ -1,0 +1,75 @@
+"""How long the inputs of each graph of an export may be, read from the variant's class.
+
+A graph's sequence axis is a multiple of the variant's `length_multiple` (its block); the short
+graph covers what the variant computes exactly as full attention (`exact_up_to`); the analysis
+graph is bounded by the memory its attention maps take.
+
+Why a short graph: up to `Attention.exact_up_to` tokens a variant computes exactly what full
+attention computes (a window or the blocks cover every token), yet its graph pads every input
+to its granule (a 128-token text runs as 256 on longformer, at about 3x full's latency). Where
+that range holds more than one granule, the export adds the same encoder with full attention
+(same weights, positions and config) over a sequence axis of multiple 1, checked against the
+variant's own PyTorch encoder, and the runner sends batches that fit in it there.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnserve.models.api import Encoder
+from attnserve.models.registry import variant_class
+
+
+def length_multiple(variant: str, config) -> int:
+    """The sequence granule of a variant's graph (`Attention.length_multiple`, its block):
+    inputs are padded to a multiple of it."""
+    return int(variant_class(variant).length_multiple(config))
+
+
+def short_graph_length(config, max_length: int, encoder=None) -> int:
+    """Capacity in tokens of an export's short graph, 0 for none: the longest input the variant
+    computes exactly as full attention does (`Attention.exact_up_to`, and with `encoder` only
+    while every layer's own parameters keep it: `Attention.keeps_exactness`), when that is more
+    than one granule of its graph (inputs within one granule pad to it anyway) and the variant
+    is not full attention at every length (then its own graph is the full path)."""
+    cls = variant_class(config.variant)
+    multiple = cls.length_multiple(config)
+    exact = min(cls.exact_up_to(config, max_length), max_length)
+    if encoder is not None and not all(layer.attention.keeps_exactness() for layer in encoder.layers):
+        return 0
+    return exact if exact > multiple and (multiple > 1 or exact < max_length) else 0
+
+
+# The analysis graph returns every layer's weights at once; its probs outputs may take at most
+# this much memory, which bounds the tokens an attention-map request may have (dense variants:
+# full, linformer, compressed, synthesizer give N x N effective weights).
+ANALYSIS_BUDGET_BYTES = 2 << 30
+
+
+def analysis_max_length(encoder: Encoder, multiple: int, capacity: int, max_length: int) -> int:
+    """The longest input whose attention maps (all layers, float32) fit ANALYSIS_BUDGET_BYTES,
+    from the weights' size at two lengths (linear or quadratic growth)."""
+    n1 = min(capacity, multiple * -(-256 // multiple))
+    n2 = min(capacity, 2 * n1)
+
+    def elements(n):
+        ids = torch.full((1, n), 1000, dtype=torch.long)
+        with torch.no_grad():
+            x = encoder.embeddings(ids)
+            _, weights = encoder.layers[0](x, torch.ones_like(ids, dtype=torch.bool), need_weights=True)
+        return sum(w.probs.numel() for w in weights)
+
+    if n2 <= n1:
+        return max_length
+    e1, e2 = elements(n1), elements(n2)
+    per_layer_bytes = 4 * len(encoder.layers)
+    quadratic = e2 / e1 > 3
+    limit = n2
+    while limit < max_length:
+        step = min(max_length, limit * 2)
+        grown = e2 * (step / n2) ** (2 if quadratic else 1)
+        if grown * per_layer_bytes > ANALYSIS_BUDGET_BYTES:
+            # Largest multiple of the granule under the budget between limit and step.
+            scale = (ANALYSIS_BUDGET_BYTES / (e2 * per_layer_bytes)) ** (0.5 if quadratic else 1.0)
+            return max(limit, min(max_length, int(n2 * scale) // multiple * multiple))
+        limit = step
+    return max_length
