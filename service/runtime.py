@@ -10,7 +10,7 @@ image without PyTorch runs it.
     runner.rank_collapse(ids, mask)                   # one float per layer
 
 Every batch is right-padded (attention mask 0) to the export's `length_multiple` before it
-runs: the graphs take sequences of that granule (models/export.py says why), and padding
+runs: the graphs take sequences of that granule (models/export_graphs.py says why), and padding
 never changes the real tokens' results. Exports of variants that are exactly full attention
 on short inputs also hold a short graph (full attention, any length up to
 `short_max_length`): a batch whose real tokens all fit in it runs there, unpadded, with the
