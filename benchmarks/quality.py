@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.service.export_format import parse_param
 from attnserve.service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
@@ -192,7 +193,10 @@ def quality_command(args) -> int:
     rows = load_documents(args.data, args.limit)
     params: dict[str, dict] = {}
     for item in args.param:
-        key, _, value = item.partition("=")
+        try:
+            key, value = parse_param(item)
+        except ValueError:
+            key, value = "", None
         variant, _, name = key.partition(".")
         if not name:
             raise SystemExit(f"--param wants VARIANT.KEY=VALUE (got {item!r})")

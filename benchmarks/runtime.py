@@ -68,16 +68,20 @@ def _inputs(batch: int, length: int):
 
 
 def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
+    """An export of `variant` under root, reused when one there has the same variant, max_length
+    and short graph or not (--exports-dir keeps them between runs)."""
     from attnserve.models.export import export_model, short_graph_length
     from attnserve.models.registry import make_config
+    from attnserve.service.export_format import ExportError, read_manifest
 
     out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
-    manifest = out / "manifest.json"
-    if manifest.is_file():
-        m = json.loads(manifest.read_text())
-        short = short_graph_length(make_config(variant, max_length), max_length) > 0
-        if m.get("variant") == variant and m.get("max_length") == max_length and ("short" in m.get("graphs", {})) == short:
-            return out
+    try:
+        m = read_manifest(out)
+    except ExportError:  # none yet, or not one this attnserve serves: make it
+        m = None
+    short = short_graph_length(make_config(variant, max_length), max_length) > 0
+    if m and m.variant == variant and m.max_length == max_length and (m.graphs.short is not None) == short:
+        return out
     export_model(variant, {}, max_length, out, analysis=False, verify=True, optimize=optimize, log=log)
     return out
 
@@ -98,9 +102,9 @@ def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) 
     against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
     scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
     from attnserve.models.export import HEADS_PER_NODE
-    from attnserve.models.registry import VARIANTS
+    from attnserve.models.registry import variant_class
 
-    keys = VARIANTS[variant].dense_keys(config, length)
+    keys = variant_class(variant).dense_keys(config, length)
     return 2 * batch * min(heads, HEADS_PER_NODE) * length * keys * 4
 
 
@@ -184,7 +188,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
     from attnserve.models.export import short_graph_length
-    from attnserve.models.registry import VARIANTS, make_config
+    from attnserve.models.registry import make_config, variant_class
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
@@ -195,7 +199,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     try:
         for i, variant in enumerate(names, 1):
             config = make_config(variant, max_length)
-            exact[variant] = VARIANTS[variant].exact_up_to(config, max_length)
+            exact[variant] = variant_class(variant).exact_up_to(config, max_length)
             progress(f"[{i}/{len(names)}] exporting {variant} (max_length {max_length}"
                      f"{', with a short graph' if short_graph_length(config, max_length) else ''})")
             started = time.perf_counter()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import random
 import signal
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.service.export_format import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = DEV_DOCUMENTS
@@ -170,9 +170,7 @@ def resolve_export(args) -> Path:
     from attnserve.service.exports import ensure_export
     from attnserve.service.settings import Settings
 
-    params = dict(p.split("=", 1) for p in (args.param or []))
-    params = {k: json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v for k, v in params.items()}
-    kwargs = {"variant": args.variant, "params": params, "max_length": args.max_length}
+    kwargs = {"variant": args.variant, "params": parse_params(args.param or []), "max_length": args.max_length}
     if args.models_dir:
         kwargs["models_dir"] = Path(args.models_dir)
     if args.export_dir:
