@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from attnserve.models.quality import first_sentence, passage, scores
-from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.service.export_format import parse_param
 from attnserve.service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 

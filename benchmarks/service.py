@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.service.export_format import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.service.documents import TRAIN_DOCUMENTS
+from attnserve.models.documents import TRAIN_DOCUMENTS
 
 STAGES = ("distill", "long")
 TEMPERATURE = 0.05  # InfoNCE temperature of stage "long"
@@ -299,7 +299,7 @@ def adapt(plan: Plan, log=print) -> dict:
     from attnserve.models.api import load_encoder
     from attnserve.models.registry import make_config
     from attnserve.models.weights import save_weights
-    from attnserve.service.documents import read_jsonl
+    from attnserve.models.documents import read_jsonl
 
     if plan.stage not in STAGES:
         raise ValueError(f"unknown stage {plan.stage!r}; valid: {', '.join(STAGES)}")

@@ -15,7 +15,7 @@ import torch
 from attnserve.models import load_encoder
 from attnserve.models.adapt import Plan, adapt, trainable
 from attnserve.models.registry import build_attention, make_config
-from attnserve.service.documents import TRAIN_DOCUMENTS, read_jsonl
+from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
 
 MAX_LENGTH = 256
 

@@ -117,7 +117,7 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
     import csv
     import json
 
-    from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+    from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in read_jsonl(DEV_DOCUMENTS, limit=6)))

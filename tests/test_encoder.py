@@ -6,7 +6,7 @@ import torch
 from attnserve.models import load_encoder, variant_names
 from benchmarks.memory import measure
 from attnserve.models.pretrained import model_dir
-from attnserve.service.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
 SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]
