@@ -6,11 +6,13 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from attnserve.service.backend import Runner
 from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
@@ -25,9 +27,10 @@ from attnserve.service.tokenizer import TextTokenizer
 log = logging.getLogger("attnserve")
 
 
-def load_runner(settings: Settings):
+def load_runner(settings: Settings) -> tuple[Runner, Path]:
     """The ONNX Runtime runner over this deployment's export (exported first if missing), and
-    the export directory."""
+    the export's tokenizer.json."""
+    from attnserve.service.export_format import TOKENIZER_FILE
     from attnserve.service.exports import ensure_export
     from attnserve.service.runtime import OnnxRunner
 
@@ -40,11 +43,11 @@ def load_runner(settings: Settings):
         graph_optimization=settings.graph_optimization,
         arena_shrink_tokens=settings.arena_shrink_tokens,
     )
-    return runner, export_dir
+    return runner, export_dir / TOKENIZER_FILE
 
 
-def create_app(settings: Settings | None = None, runner=None, tokenizer_path=None) -> FastAPI:
-    """The service. `runner` (anything with OnnxRunner's interface) and `tokenizer_path` are
+def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None) -> FastAPI:
+    """The service. `runner` (a service.backend.Runner) and `tokenizer_path` are
     for tests; by default both come from the export named by `settings`."""
     settings = settings or Settings()
 
@@ -53,37 +56,35 @@ def create_app(settings: Settings | None = None, runner=None, tokenizer_path=Non
         nonlocal runner
         path = tokenizer_path
         if runner is None:
-            runner, export_dir = await asyncio.to_thread(load_runner, settings)
-            path = path or export_dir / "tokenizer.json"
-        max_length = min(settings.max_length, int(getattr(runner, "max_length", settings.max_length)))
-        variant = getattr(runner, "variant", None) or settings.variant
-        metrics = ServiceMetrics(variant)
+            runner, exported_tokenizer = await asyncio.to_thread(load_runner, settings)
+            path = path or exported_tokenizer
+        max_length = min(settings.max_length, runner.max_length)
+        metrics = ServiceMetrics(runner.variant)
         batcher = TokenBudgetBatcher(
             runner,
-            max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(str(getattr(runner, "provider", ""))),
-            max_batch_requests=min(settings.max_batch_requests, int(getattr(runner, "max_batch", settings.max_batch_requests))),
+            max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(runner.provider),
+            max_batch_requests=min(settings.max_batch_requests, runner.max_batch),
             max_concurrent_requests=settings.max_concurrent_requests,
             on_queue_change=metrics.queue_depth.set,
             on_batch=metrics.inputs_run.inc,
             max_queued_tokens=settings.max_queued_tokens,
+            pooling=Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
             settings=settings,
-            runner=runner,
             tokenizer=TextTokenizer(path, max_length),
             batcher=batcher,
             metrics=metrics,
             max_length=max_length,
             tokenization_pool=pool,
-            pooling=Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
         )
         # One tiny batch before the first request, so it does not pay ONNX Runtime's first-run setup.
         tokenizer = app.state.service.tokenizer
         warm_ids = np.array([[tokenizer.cls_id, tokenizer.sep_id]], dtype=np.int64)
         await asyncio.to_thread(runner.embed, warm_ids, np.ones_like(warm_ids))
         await batcher.start()
-        log.info("serving %s (max_length %d, %s pooling) on %s", variant, max_length, settings.pooling, getattr(runner, "provider", "?"))
+        log.info("serving %s (max_length %d, %s pooling) on %s", runner.variant, max_length, settings.pooling, runner.provider)
         try:
             yield
         finally:

@@ -1,10 +1,10 @@
 """The scheduling layer: admission control and a token-budget dynamic batcher.
 
 Routes hand tokenized inputs to `TokenBudgetBatcher`; one asyncio task packs waiting inputs
-into batches (at most max_batch_requests inputs, at most max_batch_tokens tokens once padded to
-the longest input and to the graph's length multiple) and
-runs each batch on the runner in a single worker thread, so the event loop never blocks and
-the ONNX Runtime session runs one batch at a time. Requests beyond max_concurrent_requests are
+into batches (at most max_batch_requests inputs, at most max_batch_tokens tokens once padded as
+the runner runs them) and hands each batch to the backend (service/backend.py: the runner and
+the deployment's pooling) in a single worker thread, so the event loop never blocks and the
+ONNX Runtime session runs one batch at a time. Requests beyond max_concurrent_requests are
 refused at once (`Overloaded`, answered 429) instead of queueing without bound.
 
 Inputs wait in one queue per request, and batches are packed round-robin over requests (the
@@ -25,6 +25,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from attnserve.service.backend import Backend, Runner
+from attnserve.service.errors import ServiceError
+from attnserve.service.export_format import pad_to
+from attnserve.service.pooling import Pooling
+
 # How many waiting inputs the packer considers for one batch.
 LOOKAHEAD = 256
 
@@ -40,16 +45,19 @@ def default_batch_tokens(provider: str) -> int:
     return CPU_BATCH_TOKENS if provider == "CPUExecutionProvider" else GPU_BATCH_TOKENS
 
 
-class Overloaded(Exception):
+class Overloaded(ServiceError):
     """No place for a request: the server is full (429) or shutting down (503)."""
 
     def __init__(self, message: str, shutting_down: bool = False):
-        super().__init__(message)
+        super().__init__(503 if shutting_down else 429, message, "shutting_down" if shutting_down else "overloaded")
         self.shutting_down = shutting_down
 
 
-class RequestTooLarge(Exception):
+class RequestTooLarge(ServiceError):
     """A request with more tokens than the whole queue may hold (413: it can never fit)."""
+
+    def __init__(self, message: str):
+        super().__init__(413, message, "too_long")
 
 
 @dataclass
@@ -72,8 +80,14 @@ class _Job:
     owner: int  # the request it belongs to (inputs of one request share it)
     attention: tuple[int, int | None] | None = None  # (layer, head) for an attention map
     # From the input's last hidden states (n, hidden) to its answer, run in the inference
-    # thread (pooling modes, late chunks, token vectors); None: the graph's sentence embedding.
+    # thread (late chunks, token vectors); None: the input's pooled vector.
     reduce: Callable[[np.ndarray], Any] | None = None
+    normalize: bool = True  # of a pooled vector
+
+    @property
+    def kind(self) -> tuple:
+        """Inputs of one kind may share a batch (attention maps run alone)."""
+        return ("reduce",) if self.reduce is not None else ("embed", self.normalize)
 
 
 @dataclass
@@ -84,8 +98,11 @@ class _BatchResult:
 
 
 class TokenBudgetBatcher:
-    def __init__(self, runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
-                 on_batch=None, max_queued_tokens: int = 0):
+    """Batches for `runner`, run through a Backend of it and `pooling` (default: mean)."""
+
+    def __init__(self, runner: Runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
+                 on_batch=None, max_queued_tokens: int = 0, pooling: Pooling | None = None):
+        self.backend = Backend(runner, pooling)
         self.runner = runner
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
@@ -93,9 +110,6 @@ class TokenBudgetBatcher:
         # Padded tokens the queue may hold (0: no bound), so that the work accepted can finish
         # within a graceful shutdown and a burst cannot queue without end.
         self.max_queued_tokens = max_queued_tokens
-        # The runner pads a batch to a multiple of its graph's granule (OnnxRunner.length_multiple):
-        # the budget counts the tokens that actually run.
-        self.length_multiple = max(1, int(getattr(runner, "length_multiple", 1)))
         self.in_flight = 0
         # Waiting inputs per request, in arrival order of the requests, and how many inputs of
         # each request have been put in a batch so far (the round-robin's measure).
@@ -125,11 +139,11 @@ class TokenBudgetBatcher:
             self.in_flight -= 1
 
     # -- work ------------------------------------------------------------------------------
-    async def embed(self, inputs: list[list[int]], timings: Timings) -> np.ndarray:
-        """(len(inputs), hidden) float32: the model's L2-normalised mean-pooled sentence
-        embeddings, in input order."""
+    async def embed(self, inputs: list[list[int]], timings: Timings, normalize: bool = True) -> np.ndarray:
+        """(len(inputs), hidden) float32: each input's vector, pooled as the backend's pooling
+        says, in input order."""
         self._reserve(inputs)
-        jobs = [self._enqueue(ids, id(timings)) for ids in inputs]
+        jobs = [self._enqueue(ids, id(timings), normalize=normalize) for ids in inputs]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
         return np.stack([r[0] for r in results]).astype(np.float32, copy=False)
@@ -159,8 +173,8 @@ class TokenBudgetBatcher:
         timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
         timings.batch_sizes.extend(b.size for b in batches)
 
-    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None) -> _Job:
-        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce)
+    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None, normalize: bool = True) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce, normalize)
         self._queues.setdefault(owner, deque()).append(job)
         self._served.setdefault(owner, 0)
         self._on_queue_change(self.queued)
@@ -274,7 +288,7 @@ class TokenBudgetBatcher:
                 if len(batch) >= self.max_batch_requests:
                     break
                 new_width = max(width, len(job.ids))
-                same_kind = job.attention is None and (job.reduce is None) == (first.reduce is None)
+                same_kind = job.attention is None and job.kind == first.kind
                 if same_kind and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
                     batch.append(job)
                     width = new_width
@@ -285,34 +299,24 @@ class TokenBudgetBatcher:
         return batch
 
     def padded(self, width: int) -> int:
-        """The sequence length the runner runs a batch of longest input `width` at: its own
-        padded_length when it has one (short batches may run unpadded, OnnxRunner)."""
-        padded_length = getattr(self.runner, "padded_length", None)
-        if padded_length is not None:
-            return int(padded_length(width))
-        return -(-width // self.length_multiple) * self.length_multiple
+        """The sequence length the runner runs a batch of longest input `width` at (short
+        batches may run unpadded, OnnxRunner): what the token budget counts."""
+        return int(self.runner.padded_length(width))
 
     def _run(self, batch: list[_Job]) -> list:
-        """In the worker thread: one runner call for the whole batch."""
-        if batch[0].attention is not None:
-            layer, head = batch[0].attention
-            ids, mask = pad([batch[0].ids])
-            coo = self.runner.attention(ids, mask, layer, head)
-            ratios = self.runner.rank_collapse(ids, mask)
-            return [(coo, [float(r) for r in ratios])]
+        """In the worker thread: one backend call for the whole batch."""
         ids, mask = pad([job.ids for job in batch])
-        if batch[0].reduce is not None:
-            hidden = self.runner.hidden_states(ids, mask)
-            return [job.reduce(hidden[row, : len(job.ids)]) for row, job in enumerate(batch)]
-        return list(self.runner.embed(ids, mask))
+        first = batch[0]
+        if first.attention is not None:
+            return [self.backend.attention(ids, mask, *first.attention)]
+        if first.reduce is not None:
+            return self.backend.reduce(ids, mask, [job.reduce for job in batch])
+        return list(self.backend.embed(ids, mask, first.normalize))
 
 
 def pad(inputs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token id lists into int64 (input_ids, attention_mask)."""
+    """Token id lists as int64 (input_ids, attention_mask), each right-padded to the longest;
+    the runner pads the batch further to what its graph takes."""
     width = max(len(x) for x in inputs)
-    ids = np.zeros((len(inputs), width), dtype=np.int64)
-    mask = np.zeros((len(inputs), width), dtype=np.int64)
-    for i, x in enumerate(inputs):
-        ids[i, : len(x)] = x
-        mask[i, : len(x)] = 1
-    return ids, mask
+    rows = [pad_to(np.array([x]), np.ones((1, len(x))), 1, width) for x in inputs]
+    return np.concatenate([ids for ids, _ in rows]), np.concatenate([mask for _, mask in rows])

@@ -30,7 +30,6 @@ _TEI_TYPES = {
     "too_long": "Validation",
     "too_many_inputs": "Validation",
     "body_too_large": "Validation",
-    "tokenizer": "Tokenizer",
     "overloaded": "Overloaded",
     "unauthorized": "Unauthorized",
     "not_found": "NotFound",
@@ -59,11 +58,20 @@ _OPENAI_CODES = {
 
 
 class ServiceError(Exception):
-    """A failure with an HTTP status and a message telling the client what to change."""
+    """A failure with an HTTP status and a message telling the client what to change.
+
+    Raised, or subclassed (batching's Overloaded, the tokenizer's InputTooLong ...), where the
+    condition is known; the handler below answers exactly these with their status, and any
+    other exception is a 500."""
 
     def __init__(self, status: int, message: str, reason: str, param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.reason, self.param = status, message, reason, param
+
+    def at(self, param: str | None) -> ServiceError:
+        """This error naming the request field it is about, where it names none yet."""
+        self.param = self.param or param
+        return self
 
 
 def error_body(path: str, message: str, reason: str, param: str | None = None) -> dict:

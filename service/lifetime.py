@@ -51,9 +51,7 @@ class RequestLifetimeMiddleware:
             permit = service.batcher.admit()
             permit.__enter__()
         except Overloaded as exc:
-            status, retry = (503, RETRY_AFTER_SHUTDOWN) if exc.shutting_down else (429, RETRY_AFTER_OVERLOADED)
-            response = error_response(scope, status, str(exc), "shutting_down" if exc.shutting_down else "overloaded",
-                                      headers={"retry-after": str(retry)})
+            response = error_response(scope, exc.status, exc.message, exc.reason, headers={"retry-after": str(RETRY_AFTER[exc.status])})
             return await response(scope, receive, send)
         service.metrics.in_flight.inc()
         try:

@@ -109,8 +109,17 @@ TruncationDirection = Annotated[
 PromptName = Annotated[None, BeforeValidator(_no_prompts), Field(description="TEI's prompt name: this server has no prompts, so only null")]
 
 
+class _TruncationDirection:
+    """For the requests with a truncation_direction field."""
+
+    @property
+    def keeps_end(self) -> bool:
+        """Truncation keeps a long input's end (TEI's truncation_direction=left), not its start."""
+        return self.truncation_direction.lower() == "left"
+
+
 # -- text-embeddings-inference ---------------------------------------------------------------
-class EmbedRequest(_Strict):
+class EmbedRequest(_TruncationDirection, _Strict):
     inputs: TextOrTexts
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413")
     truncation_direction: TruncationDirection = "right"
@@ -161,7 +170,7 @@ class ChunkEmbedding(BaseModel):
     embedding: list[float]
 
 
-class EmbedAllRequest(_Strict):
+class EmbedAllRequest(_TruncationDirection, _Strict):
     inputs: TextOrTexts
     truncate: bool = False
     truncation_direction: TruncationDirection = "right"

@@ -51,10 +51,10 @@ def serve_command(args) -> int:
         return 2
     try:
         # Before binding the port: a first start may export for minutes.
-        runner, export_dir = load_runner(settings)
+        runner, tokenizer_path = load_runner(settings)
         # Loaded here too so that a corrupt tokenizer.json is this message and exit status, not
         # a traceback from inside uvicorn's startup.
-        TextTokenizer(export_dir / "tokenizer.json", settings.max_length)
+        TextTokenizer(tokenizer_path, settings.max_length)
     except ExportError as exc:  # a missing, corrupt or mismatched export: its message names the file
         print(f"attnserve serve: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +64,7 @@ def serve_command(args) -> int:
     except RuntimeError as exc:  # no export and no torch to make one, or the export failed
         print(f"attnserve serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    app = create_app(settings, runner=runner, tokenizer_path=export_dir / "tokenizer.json")
+    app = create_app(settings, runner=runner, tokenizer_path=tokenizer_path)
     uvicorn.run(
         app,
         host=settings.host,

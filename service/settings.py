@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from attnserve.service.export_format import parse_params
 from attnserve.service.pooling import Pooling
 
 VERSION = "0.1.0"
@@ -133,17 +134,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), choices=choices, help=help_text)
 
 
-def _parse_param(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ValueError(f"--param wants KEY=VALUE (got {item!r})")
-    key, raw = item.split("=", 1)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.strip(), value
-
-
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from the flags given on the command line, then the environment, then defaults."""
     given: dict[str, Any] = {}
@@ -152,6 +142,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if value is None:
             continue
         if name == "params":
-            value = dict(_parse_param(item) for item in value)
+            value = parse_params(value)
         given[name] = value
     return Settings(**given)

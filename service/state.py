@@ -7,11 +7,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 from fastapi import Request
 
 from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
-from attnserve.service.batching import Overloaded, RequestTooLarge, Timings, TokenBudgetBatcher
+from attnserve.service.backend import Runner
+from attnserve.service.batching import Timings, TokenBudgetBatcher
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.service.pooling import Pooling
@@ -22,21 +22,27 @@ from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 @dataclass
 class ServiceState:
     settings: Settings
-    runner: object  # service.runtime.OnnxRunner or anything with its interface
     tokenizer: TextTokenizer
     batcher: TokenBudgetBatcher
     metrics: ServiceMetrics
     max_length: int
     tokenization_pool: ThreadPoolExecutor = field(repr=False, default=None)
-    pooling: Pooling = field(default_factory=Pooling)
+
+    @property
+    def runner(self) -> Runner:
+        return self.batcher.backend.runner
+
+    @property
+    def pooling(self) -> Pooling:
+        return self.batcher.backend.pooling
 
     @property
     def manifest(self) -> dict:
-        return getattr(self.runner, "manifest", {}) or {}
+        return self.runner.manifest
 
     @property
     def variant(self) -> str:
-        return getattr(self.runner, "variant", None) or self.manifest.get("variant") or self.settings.variant
+        return self.runner.variant
 
     @property
     def model_name(self) -> str:
@@ -77,8 +83,6 @@ class ServiceState:
             return tokenized
         except InputTooLong as exc:
             raise ServiceError(413, exc.advise(remedy) if remedy else str(exc), "too_long", param) from None
-        except Exception as exc:  # the tokenizer refused the text
-            raise ServiceError(422, f"the tokenizer could not read input: {exc}", "tokenizer", param) from None
         finally:
             timings.tokenization += time.perf_counter() - started
 
@@ -99,11 +103,8 @@ def get_timings(request: Request) -> Timings:
 
 async def run_embed(service: ServiceState, inputs: list[list[int]], timings: Timings, param: str, normalize: bool = True):
     """(len(inputs), hidden) float32 vectors pooled as the deployment's pooling says, from the
-    batcher; its failures as ServiceErrors. Mean pooling, normalised, is the graph's own output."""
-    if service.pooling.mode == "mean" and normalize:
-        return await _run(service.batcher.embed(inputs, timings), param)
-    reduce = functools.partial(service.pooling, normalize=normalize)
-    return np.stack(await run_reduce(service, inputs, [reduce] * len(inputs), timings, param))
+    batcher; its refusals as ServiceErrors naming `param`."""
+    return await _run(service.batcher.embed(inputs, timings, normalize), param)
 
 
 async def run_reduce(service: ServiceState, inputs: list[list[int]], reducers, timings: Timings, param: str) -> list:
@@ -111,18 +112,14 @@ async def run_reduce(service: ServiceState, inputs: list[list[int]], reducers, t
     return await _run(service.batcher.reduce(inputs, reducers, timings), param)
 
 
-async def _run(work, param: str | None, refused: tuple[int, str] = (413, "too_long")):
-    """The batcher's answer, or its refusals as ServiceErrors: the queue is full (429), the
-    request can never fit it (413), the runner cannot run an input (`refused`: too long for the
-    export unless the caller says otherwise)."""
+async def _run(work, param: str | None):
+    """The batcher's answer; its refusals (Overloaded: 429 or 503, RequestTooLarge: 413) name
+    `param`. Inputs reach the runner only once checked against its limits, so anything else
+    it raises is the server's fault: a 500."""
     try:
         return await work
-    except Overloaded as exc:
-        raise ServiceError(429, str(exc), "overloaded", param) from None
-    except RequestTooLarge as exc:
-        raise ServiceError(413, str(exc), "too_long", param) from None
-    except ValueError as exc:
-        raise ServiceError(refused[0], str(exc), refused[1], param) from None
+    except ServiceError as exc:
+        raise exc.at(param) from None
 
 
 async def check_attention_budget(service: ServiceState, n: int, head: int | None, sparse_entries_per_row: int | None) -> None:
@@ -130,6 +127,14 @@ async def check_attention_budget(service: ServiceState, n: int, head: int | None
     `sparse_entries_per_row` is top_k for a sparse answer (0: every weight), None for a grid
     or PNG. Both checks use upper bounds from the export's shapes (MapCost), so a map near a
     limit may be refused although its real count would fit; the message says how to ask."""
+    limit = service.runner.attention_max_length
+    if not limit:
+        raise ServiceError(422, "this deployment's export has no analysis graph, so no attention maps (exported with --no-analysis)",
+                           "validation", "inputs")
+    if n > limit:
+        raise ServiceError(413, f"attention maps of {service.variant} are limited to {limit} tokens (every layer's weights are "
+                           f"computed at once); this text is {n}: send a shorter text, or truncate=true with max_length {limit}",
+                           "too_long", "inputs")
     cost = await asyncio.to_thread(service.runner.attention_cost, n, head)
     answer_entries = 0
     if sparse_entries_per_row is not None:
@@ -149,4 +154,4 @@ async def check_attention_budget(service: ServiceState, n: int, head: int | None
 
 
 async def run_attention(service: ServiceState, ids: list[int], layer: int, head: int | None, timings: Timings):
-    return await _run(service.batcher.attention(ids, layer, head, timings), None, refused=(422, "validation"))
+    return await _run(service.batcher.attention(ids, layer, head, timings), None)

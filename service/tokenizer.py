@@ -20,15 +20,18 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from attnserve.service.runtime import ExportError
+from attnserve.service.errors import ServiceError
+from attnserve.service.export_format import ExportError
 
 
-class InputTooLong(ValueError):
+class InputTooLong(ServiceError):
+    """An input over max_length tokens, where truncation was not asked for (413)."""
+
     def __init__(self, index: int, length: int, max_length: int, at_least: bool = False):
         self.index, self.length, self.max_length = index, length, max_length
         self.fact = (f"input {index} is {'more than ' if at_least else ''}{length} tokens long, longer than this server's limit of "
                      f"{max_length} tokens ([CLS] and [SEP] included)")
-        super().__init__(self.advise("shorten it or send truncate=true"))
+        super().__init__(413, self.advise("shorten it or send truncate=true"), "too_long")
 
     def advise(self, remedy: str) -> str:
         """The message with what the caller's API lets the user do about it."""
@@ -146,12 +149,12 @@ class TextTokenizer:
 
     def from_ids(self, batches: list[list[int]], truncate: bool = False) -> list[Tokenized]:
         """Inputs already tokenized (OpenAI's token-array form): wrap each in [CLS] ... [SEP]
-        unless it already is, and check the ids and the length."""
+        unless it already is, and check the ids (422 outside the vocabulary) and the length."""
         out = []
         for index, raw in enumerate(batches):
             bad = [i for i in raw if not 0 <= i < self.vocab_size]
             if bad:
-                raise ValueError(f"input {index} has token id {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}")
+                raise ServiceError(422, f"input {index} has token id {bad[0]}, outside the vocabulary 0..{self.vocab_size - 1}", "validation")
             ids = list(raw)
             if not ids or ids[0] != self.cls_id:
                 ids = [self.cls_id] + ids

@@ -16,14 +16,18 @@ def tokenizer_json() -> Path:
 
 
 class FakeRunner:
-    """Embeddings are a deterministic function of the token ids; attention is a banded map
-    (each token attends to itself and two neighbours each side, rows summing to 1)."""
+    """A service.backend.Runner: embeddings are a deterministic function of the token ids;
+    attention is a banded map (each token attends to itself and two neighbours each side, rows
+    summing to 1)."""
 
     provider = "FakeExecutionProvider"
     variant = "fake"
+    max_batch = 1 << 30
+    length_multiple = 1
 
     def __init__(self, max_length: int = 1024, delay: float = 0.0):
         self.max_length = max_length
+        self.attention_max_length = max_length
         self.delay = delay
         self.manifest = {"variant": "fake", "parameters": {"window": 4}, "max_length": max_length, "hidden_size": 384,
                          "num_layers": 6, "num_heads": 12, "files": {"model.onnx": {"sha256": "0" * 64}}}
@@ -31,6 +35,9 @@ class FakeRunner:
         self.lock = threading.Lock()
         self.concurrent = 0
         self.max_concurrent = 0
+
+    def padded_length(self, n: int) -> int:
+        return -(-n // self.length_multiple) * self.length_multiple
 
     def _enter(self):
         with self.lock:

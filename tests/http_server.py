@@ -49,14 +49,20 @@ def requests_in_flight(proc: ServerProcess) -> float:
     return metric_value(proc.url, "attnserve_requests_in_flight")
 
 
+def poll(ask, until=bool, timeout: float = 30.0, interval: float = 0.05):
+    """ask() every `interval` seconds until until(answer) holds or `timeout` seconds pass; the
+    last answer (so poll(condition) is True once the condition holds, False if it never did)."""
+    deadline = time.monotonic() + timeout
+    answer = ask()
+    while not until(answer) and time.monotonic() < deadline:
+        time.sleep(interval)
+        answer = ask()
+    return answer
+
+
 def wait_in_flight(proc: ServerProcess, n: int, timeout: float) -> bool:
     """Poll until the server holds at least n requests (True) or timeout seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if requests_in_flight(proc) >= n:
-            return True
-        time.sleep(0.05)
-    return False
+    return poll(lambda: requests_in_flight(proc) >= n, timeout=timeout)
 
 
 def terminate_while_busy(proc: ServerProcess, texts: list[str], timeout: float) -> tuple[list, int]:

@@ -184,3 +184,53 @@ def test_the_text_pattern_says_what_the_validator_does():
             disagree.append(hex(code))
     assert not disagree, disagree[:20]
     assert validate(" a\n") and rust.is_valid(" a\n") and not rust.is_valid(" \u3000\t")
+
+
+class ValueErrorRunner(FakeRunner):
+    """A runner whose failure past the warm-up is a ValueError, as a bug in it would be."""
+
+    def embed(self, input_ids, attention_mask):
+        if input_ids.shape[1] > 2:
+            raise ValueError("shapes (3,) and (4,) not aligned")
+        return super().embed(input_ids, attention_mask)
+
+
+@pytest.mark.parametrize("route,body", [("/embed", {"inputs": "a document"}), ("/v1/embeddings", {"input": "a document", "model": "m"})])
+def test_an_unexpected_value_error_is_a_500_not_a_4xx(route, body):
+    """The status comes from the exception's type: a ValueError from inside the runner is the
+    server's fault (500), not an input over a limit (413)."""
+    app = create_app(Settings(max_length=128), runner=ValueErrorRunner(max_length=128), tokenizer_path=tokenizer_json())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post(route, json=body)
+    assert r.status_code == 500, r.text
+    assert "not aligned" not in r.text and "request id" in r.text
+
+
+def test_a_tokenizer_failure_is_a_500_not_a_422(monkeypatch):
+    """The tokenizer failing on a text the schema accepted is the server's fault, not the client's."""
+    app = create_app(Settings(max_length=128), runner=FakeRunner(max_length=128), tokenizer_path=tokenizer_json())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        tokenizer = app.state.service.tokenizer
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("tokenizer state poisoned")
+
+        monkeypatch.setattr(tokenizer, "encode", fail)
+        r = client.post("/embed", json={"inputs": "a document"})
+    assert r.status_code == 500 and r.json()["error_type"] == "Backend"
+    assert "poisoned" not in r.text
+
+
+def test_attention_maps_past_the_exports_limit_are_refused_before_any_work():
+    """A text over the export's attention-map limit is a 413 naming the limit, and an export
+    without an analysis graph answers 422 for any map; neither reaches the runner."""
+    runner = FakeRunner(max_length=256)
+    runner.attention_max_length = 16
+    app = create_app(Settings(max_length=256), runner=runner, tokenizer_path=tokenizer_json())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/attention", json={"inputs": "word " * 30, "layer": 0})
+        assert r.status_code == 413 and "limited to 16 tokens" in r.json()["error"], r.text
+        assert client.post("/attention", json={"inputs": "a few words", "layer": 0}).status_code == 200
+        runner.attention_max_length = 0
+        r = client.post("/attention", json={"inputs": "a few words", "layer": 0})
+        assert r.status_code == 422 and "no analysis graph" in r.json()["error"], r.text

@@ -9,7 +9,7 @@ import threading
 import time
 
 import httpx
-from http_server import start_fake_server, wait_in_flight
+from http_server import poll, start_fake_server, wait_in_flight
 
 from benchmarks.service import metric_value
 
@@ -20,15 +20,6 @@ ONE_PER_BATCH = ("--max-batch-tokens", "7")
 def metric(proc, name: str, **labels: str) -> float:
     """A sample of the server's /metrics (the sum over the label values not given)."""
     return metric_value(proc.url, name, **labels)
-
-
-def poll(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def post_in_thread(proc, path: str, body: dict, timeout: float) -> tuple[threading.Thread, dict]:
@@ -52,7 +43,7 @@ def test_a_short_request_is_not_starved_by_a_big_one():
     try:
         big, big_out = post_in_thread(proc, "/embed", {"inputs": [f"document {i}" for i in range(20)]}, timeout=60)
         assert wait_in_flight(proc, 1, timeout=20)
-        assert poll(lambda: metric(proc, "attnserve_inputs_run_total") >= 1, 20)
+        assert poll(lambda: metric(proc, "attnserve_inputs_run_total") >= 1, timeout=20)
         small = httpx.post(proc.url + "/embed", json={"inputs": "hello"}, timeout=60)
         assert small.status_code == 200
         # Round-robin: the short one ran next, while most of the 20 still wait.
@@ -73,10 +64,10 @@ def test_a_disconnected_clients_work_is_cancelled():
             httpx.post(proc.url + "/embed", json={"inputs": [f"document {i}" for i in range(16)]}, timeout=1.5 * delay)
         except httpx.TimeoutException:
             pass
-        assert poll(lambda: metric(proc, "attnserve_requests_cancelled_total", reason="disconnect") == 1, 10), proc.log()
+        assert poll(lambda: metric(proc, "attnserve_requests_cancelled_total", reason="disconnect") == 1, timeout=10), proc.log()
         # Its place is free at once and its inputs leave the queue after the batch in progress.
         assert metric(proc, "attnserve_requests_in_flight") == 0
-        assert poll(lambda: metric(proc, "attnserve_queue_inputs") == 0, 10)
+        assert poll(lambda: metric(proc, "attnserve_queue_inputs") == 0, timeout=10)
         r = httpx.post(proc.url + "/embed", json={"inputs": "hello"}, timeout=60)
         assert r.status_code == 200
         # Queued behind nothing: well under the 14 abandoned batches it would otherwise wait for.
@@ -140,7 +131,7 @@ def test_the_queue_is_bounded_in_tokens():
         assert r.status_code == 413 and "ATTNSERVE_MAX_QUEUED_TOKENS" in r.json()["error"]
         first, out = post_in_thread(proc, "/embed", {"inputs": [f"document {i}" for i in range(8)]}, timeout=60)
         assert wait_in_flight(proc, 1, timeout=20)
-        assert poll(lambda: metric(proc, "attnserve_queue_inputs") > 0, 20)
+        assert poll(lambda: metric(proc, "attnserve_queue_inputs") > 0, timeout=20)
         r = httpx.post(proc.url + "/embed", json={"inputs": [f"text {i}" for i in range(8)]}, timeout=30)
         assert r.status_code == 429 and r.headers.get("retry-after") == "1", r.text
         first.join(60)

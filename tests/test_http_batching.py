@@ -151,3 +151,40 @@ def test_stop_finishes_queued_work():
         return await asyncio.gather(*tasks)
 
     assert len(run(main())) == 5
+
+
+def test_the_fake_runner_is_a_runner():
+    import typing
+
+    from attnserve.service.backend import Runner
+
+    runner = FakeRunner()
+    assert isinstance(runner, Runner)
+    for name, kind in typing.get_type_hints(Runner).items():
+        assert isinstance(getattr(runner, name), kind), name
+
+
+@pytest.mark.parametrize("mode,normalize", [("mean", True), ("mean", False), ("cls", True), ("opening", True), ("opening", False)])
+def test_the_backend_pools_what_the_batcher_batches(mode, normalize):
+    """Vectors through the batcher are the pooling of each input's own token vectors (padding
+    removed), whatever else shares its batch; normalised mean pooling is the graph's output."""
+    from attnserve.service.pooling import Pooling
+
+    pooling = Pooling(mode, opening_weight=0.4, opening_tokens=3)
+    inputs = [[101] + [7 + i] * (2 + 3 * i) + [102] for i in range(4)]
+
+    async def main():
+        runner = FakeRunner()
+        batcher = TokenBudgetBatcher(runner, 1000, 8, 10, pooling=pooling)
+        await batcher.start()
+        out = await batcher.embed(inputs, Timings(), normalize=normalize)
+        await batcher.stop()
+        return runner, out
+
+    runner, out = run(main())
+    assert out.dtype == np.float32 and out.shape == (4, 384)
+    assert [size for size, _ in runner.batches] == [4] * len(runner.batches)  # one batch (hidden_states embeds too)
+    for x, got in zip(inputs, out):
+        ids, mask = pad([x])
+        expected = runner.embed(ids, mask)[0] if (mode, normalize) == ("mean", True) else pooling(runner.hidden_states(ids, mask)[0], normalize)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -5,10 +5,10 @@ keeps answering while a batch runs. Every wait is bounded."""
 from __future__ import annotations
 
 import threading
-import time
 
 from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
+from http_server import poll
 
 from attnserve.service.app import create_app
 from attnserve.service.routes.meta import readiness
@@ -39,16 +39,6 @@ def gated_app(**settings):
     settings.setdefault("max_length", 256)
     runner = GatedRunner(settings["max_length"])
     return create_app(Settings(**settings), runner=runner, tokenizer_path=tokenizer_json()), runner
-
-
-def poll(ask, until):
-    """ask() every 50 ms until until(answer) holds or WAIT passes; the last answer."""
-    deadline = time.monotonic() + WAIT
-    answer = ask()
-    while not until(answer) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        answer = ask()
-    return answer
 
 
 def post_in_thread(client: TestClient, body: dict) -> tuple[threading.Thread, dict]:
@@ -108,7 +98,7 @@ def test_a_queue_that_cannot_take_one_longest_input_is_not_ready():
             assert runner.started.wait(WAIT)  # the first batch left the queue and runs
             assert client.get("/ready").status_code == 200
             second, second_out = post_in_thread(client, {"inputs": "word " * 60})  # about 62 tokens wait
-            r = poll(lambda: client.get("/ready"), lambda r: r.status_code == 503)
+            r = poll(lambda: client.get("/ready"), lambda r: r.status_code == 503, timeout=WAIT)
             assert r.status_code == 503, r.json()
             body = r.json()
             assert body["reason"] == "queue_full"

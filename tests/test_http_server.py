@@ -80,6 +80,20 @@ def alive(server) -> bool:
     return server.proc.poll() is None and httpx.get(server.url + "/health", timeout=30).status_code == 200
 
 
+def test_the_onnx_runner_is_a_runner(export_dir):
+    """OnnxRunner satisfies service.backend.Runner, the Protocol the serving layers use it by
+    (attributes of the declared types, every call present)."""
+    import typing
+
+    from attnserve.service.backend import Runner
+    from attnserve.service.runtime import OnnxRunner
+
+    runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=1)
+    assert isinstance(runner, Runner)
+    for name, kind in typing.get_type_hints(Runner).items():
+        assert isinstance(getattr(runner, name), kind), name
+
+
 # -- every route ----------------------------------------------------------------------------
 def test_health_needs_no_key_and_the_rest_do(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}

@@ -21,7 +21,7 @@ async def embed(body: EmbedRequest, service: ServiceState = Depends(get_service)
     """Mean-pooled sentence embeddings of one text or a list of texts."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
-    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.truncation_direction.lower() == "left")
+    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.keeps_end)
     vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
     return JSONResponse(vectors.tolist())
 
@@ -31,7 +31,7 @@ async def embed_all(body: EmbedAllRequest, service: ServiceState = Depends(get_s
     """Every token's last hidden state ([CLS] and [SEP] included), not normalised, per input."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
-    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.truncation_direction.lower() == "left")
+    tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.keeps_end)
     total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
     if total > limit:
         raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "

@@ -35,11 +35,6 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
     service.check_input_count(len(texts or id_lists), "input")
     if body.dimensions is not None and body.dimensions > service.hidden_size:
         raise ServiceError(422, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
-    vocab = service.tokenizer.vocab_size
-    for index, ids in enumerate(id_lists or ()):
-        bad = next((i for i in ids if i >= vocab), None)
-        if bad is not None:
-            raise ServiceError(422, f"input {index} has token id {bad}, outside the vocabulary 0..{vocab - 1}", "validation", "input")
     if texts is not None:
         tokenized = await service.tokenize(texts, False, timings, "input", remedy=TOO_LONG_REMEDY)
     else:
@@ -47,6 +42,8 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
             tokenized = service.tokenizer.from_ids(id_lists)
         except InputTooLong as exc:
             raise ServiceError(413, exc.advise(TOO_LONG_REMEDY), "too_long", "input") from None
+        except ServiceError as exc:  # an id outside the vocabulary
+            raise exc.at("input") from None
         timings.input_tokens = [len(t) for t in tokenized]
     vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input")
     if body.dimensions is not None:
