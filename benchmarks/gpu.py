@@ -233,7 +233,7 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     import torch
 
     from attnserve.models import export
-    from attnserve.service.export_format import ExportError, read_manifest
+    from attnserve.service.contract.export_format import ExportError, read_manifest
 
     out = Path(out_dir)
     stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}"}
@@ -558,7 +558,7 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
 
 def _run_padded(session, ids, mask, export_dir: Path):
     """sentence_embedding from a bare session, inputs padded to the export's granule as the runner pads them."""
-    from attnserve.service.export_format import pad_to, read_manifest
+    from attnserve.service.contract.export_format import pad_to, read_manifest
 
     manifest = read_manifest(export_dir)
     pid, pm = pad_to(ids, mask, manifest.length_multiple, manifest.min_length)

@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
-from attnserve.service.export_format import parse_param
-from attnserve.service.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
+from attnserve.service.contract.export_format import parse_param
+from attnserve.service.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
            "documents", "summary_mrr", "summary_r1", "needle_mrr", "needle_r1", "seconds_per_doc", "cosine_to_full_512"]

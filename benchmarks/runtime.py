@@ -72,7 +72,7 @@ def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> P
     and short graph or not (--exports-dir keeps them between runs)."""
     from attnserve.models.export import export_model, short_graph_length
     from attnserve.models.registry import make_config
-    from attnserve.service.export_format import ExportError, read_manifest
+    from attnserve.service.contract.export_format import ExportError, read_manifest
 
     out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
     try:

@@ -451,7 +451,7 @@ def configure(parser) -> None:
 def adapt_command(args) -> int:
     import sys
 
-    from attnserve.service.export_format import parse_params
+    from attnserve.service.contract.export_format import parse_params
 
     try:
         plan = Plan(variant=args.variant, params=parse_params(args.param), max_length=args.max_length, data=args.data,

@@ -11,7 +11,7 @@ from attnserve.models.pretrained import load_bert_weights, load_tokenizer
 from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
-from attnserve.service.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.service.contract.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
 # alone, short ones many at a time.

@@ -1,7 +1,7 @@
 """Export an encoder to ONNX for serving with ONNX Runtime (`attnserve export`).
 
 What an export directory holds, and manifest.json's schema, are the serving side's contract:
-attnserve.service.export_format, which this module writes through. The pieces:
+attnserve.service.contract.export_format, which this module writes through. The pieces:
 
     export_graphs.py   the graphs (EmbeddingGraph, AnalysisGraph), the SDPA rewrite ONNX Runtime
                        needs, and tracing one graph to ONNX (export_graph)
@@ -44,7 +44,7 @@ from attnserve.models.export_verify import (  # noqa: F401
     DISCONTINUOUS_MIN_COSINE, EMBEDDING_TOL, HIDDEN_TOL, cosines, is_discontinuous, ort_session, verify_embedding_graph)
 from attnserve.models.pretrained import model_dir
 from attnserve.models.registry import make_config
-from attnserve.service.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
+from attnserve.service.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
     EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, TOKENIZER_FILE, Manifest,
     code_sha256, file_records, package_version, pad_to, parse_params, recipe_sha256, sha256, weights_file, write_manifest)
 

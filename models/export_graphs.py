@@ -9,7 +9,7 @@ Dynamic shapes. Batch and sequence are dynamic axes. The block-sparse variants p
 sequence to a multiple of their block inside forward(); torch.export cannot prove the shape
 identities that padding creates for every length (it raises on them), so the sequence axis is
 exported as `length_multiple * k` with k dynamic, and the runner pads every batch (attention
-mask 0) to that multiple before running it (attnserve.service.export_format.pad_to).
+mask 0) to that multiple before running it (attnserve.service.contract.export_format.pad_to).
 
 The exporter's own onnxscript optimiser is off by default: ONNX Runtime applies its graph
 optimisations when it loads the model, and the unoptimised export runs no slower while it
@@ -31,7 +31,7 @@ from attnserve.models.api import Encoder
 from attnserve.models.attention.base import MASKED, AttentionConfig
 from attnserve.models.encoder import rank_collapse_ratio
 from attnserve.models.registry import build_attention, make_config
-from attnserve.service.export_format import INPUT_NAMES
+from attnserve.service.contract.export_format import INPUT_NAMES
 
 # Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
 # Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into

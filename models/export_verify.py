@@ -15,7 +15,7 @@ import torch
 from attnserve.models.api import Encoder
 from attnserve.models.export_graphs import ExportFailed, example_inputs
 from attnserve.models.registry import variant_class
-from attnserve.service.export_format import pad_to
+from attnserve.service.contract.export_format import pad_to
 
 # Parity tolerances of the export-time check (the tests hold the same ones).
 EMBEDDING_TOL = 1e-4

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 # The file names, the error and the existence check are the export format's (torch-free:
 # serving names exports by the weights' sha256).
-from attnserve.service.export_format import META_FILE, WEIGHTS_FILE, WeightsError, sha256, weights_file
+from attnserve.service.contract.export_format import META_FILE, WEIGHTS_FILE, WeightsError, sha256, weights_file
 
 __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
            "weights_file"]

@@ -17,7 +17,7 @@ from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
-from attnserve.service.pooling import Pooling
+from attnserve.service.contract.pooling import Pooling
 from attnserve.service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
 from attnserve.service.routes import attention, chunks, embed, explorer, install_deployment_schema, meta, openai
 from attnserve.service.settings import VERSION, Settings
@@ -30,7 +30,7 @@ log = logging.getLogger("attnserve")
 def load_runner(settings: Settings) -> tuple[Runner, Path]:
     """The ONNX Runtime runner over this deployment's export (exported first if missing), and
     the export's tokenizer.json."""
-    from attnserve.service.export_format import TOKENIZER_FILE
+    from attnserve.service.contract.export_format import TOKENIZER_FILE
     from attnserve.service.exports import ensure_export
     from attnserve.service.runtime import OnnxRunner
 

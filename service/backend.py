@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost
-from attnserve.service.pooling import Pooling
+from attnserve.service.contract.pooling import Pooling
 
 
 @runtime_checkable

@@ -27,8 +27,8 @@ import numpy as np
 
 from attnserve.service.backend import Backend, Runner
 from attnserve.service.errors import ServiceError
-from attnserve.service.export_format import pad_to
-from attnserve.service.pooling import Pooling
+from attnserve.service.contract.export_format import pad_to
+from attnserve.service.contract.pooling import Pooling
 
 # How many waiting inputs the packer considers for one batch.
 LOOKAHEAD = 256

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from attnserve.service.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
+from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
     META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, param_arg, read_manifest, recipe_sha256,
     sha256, weights_file)
 from attnserve.service.settings import Settings

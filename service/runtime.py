@@ -1,4 +1,4 @@
-"""ONNX Runtime runner over an export directory (service/export_format.py says what it holds).
+"""ONNX Runtime runner over an export directory (service/contract/export_format.py says what it holds).
 
 Needs numpy and onnxruntime only: neither torch nor models/ is imported here, so a serving
 image without PyTorch runs it.
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
-from attnserve.service.export_format import ExportError, Manifest, check_files, pad_to, padded_width, read_manifest
+from attnserve.service.contract.export_format import ExportError, Manifest, check_files, pad_to, padded_width, read_manifest
 
 log = logging.getLogger("attnserve")
 

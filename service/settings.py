@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from attnserve.service.export_format import parse_params
-from attnserve.service.pooling import Pooling
+from attnserve.service.contract.export_format import parse_params
+from attnserve.service.contract.pooling import Pooling
 
 VERSION = "0.1.0"
 

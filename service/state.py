@@ -14,7 +14,7 @@ from attnserve.service.backend import Runner
 from attnserve.service.batching import Timings, TokenBudgetBatcher
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
-from attnserve.service.pooling import Pooling
+from attnserve.service.contract.pooling import Pooling
 from attnserve.service.settings import Settings
 from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from attnserve.service.errors import ServiceError
-from attnserve.service.export_format import ExportError
+from attnserve.service.contract.export_format import ExportError
 
 
 class InputTooLong(ServiceError):

@@ -180,7 +180,7 @@ def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
 def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
     from pathlib import Path
 
-    from attnserve.service.export_format import sha256
+    from attnserve.service.contract.export_format import sha256
 
     presets = sorted((Path(__file__).resolve().parents[1] / "weights").glob("*/adapt.json"))
     assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}

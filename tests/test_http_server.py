@@ -123,7 +123,7 @@ def test_embed_matches_pytorch_encoder(client):
     for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
         assert float(r.headers[name]) >= 0
     got = np.array(r.json(), dtype=np.float32)
-    from attnserve.service.pooling import Pooling
+    from attnserve.service.contract.pooling import Pooling
     from attnserve.service.settings import Settings
 
     # The server pools as its default setting says (opening: the 702-token text differs from its mean).

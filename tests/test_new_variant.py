@@ -66,7 +66,7 @@ def test_a_variant_defined_in_a_test_exports_and_serves(uniform_export):
     from fastapi.testclient import TestClient
 
     from attnserve.service.app import create_app
-    from attnserve.service.export_format import read_manifest
+    from attnserve.service.contract.export_format import read_manifest
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.settings import Settings
 

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from attnserve.service.batching import Timings
 from attnserve.service.errors import ServiceError
-from attnserve.service.pooling import BadSpans, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.service.contract.pooling import BadSpans, check_spans, pool_chunks, span_chunks, token_chunks
 from attnserve.service.routes import TEI_ERRORS
 from attnserve.service.schemas import ChunkEmbedding, EmbedChunksRequest
 from attnserve.service.state import ServiceState, get_service, get_timings, run_reduce

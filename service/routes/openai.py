@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from attnserve.service.batching import Timings
 from attnserve.service.errors import ServiceError
-from attnserve.service.pooling import l2_normalize
+from attnserve.service.contract.pooling import l2_normalize
 from attnserve.service.routes import OPENAI_ERRORS
 from attnserve.service.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from attnserve.service.state import ServiceState, get_service, get_timings, run_embed
