@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from attnserve.models.attention.base import Attention, AttentionConfig
+if typing.TYPE_CHECKING:  # the variant modules import this one to register, so it imports none of them
+    from attnserve.models.attention.base import Attention, AttentionConfig
 
 VARIANTS: dict[str, type[Attention]] = {}
 

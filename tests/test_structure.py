@@ -96,3 +96,22 @@ print(len({modules!r}))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == str(len(modules))
+
+
+def test_every_module_imports_first_in_a_fresh_process():
+    """Import order cannot matter: each module of both packages, imported before anything else
+    of attnserve, loads (a cycle such as registry <-> variants shows up only this way)."""
+    modules = sorted(module_name(p) for d in ("models", "service") for p in (ROOT / d).rglob("*.py")
+                     if p.name != "__main__.py")
+    script = """
+import importlib, subprocess, sys
+failed = []
+for name in sys.argv[1:]:
+    run = subprocess.run([sys.executable, "-c", "import " + name], capture_output=True, text=True)
+    if run.returncode:
+        failed.append(name + ": " + run.stderr.strip().splitlines()[-1])
+print("\\n".join(failed))
+"""
+    result = subprocess.run([sys.executable, "-c", script, *modules], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "", result.stdout

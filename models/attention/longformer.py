@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnserve.models.attention.base import Attention
 from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
 from attnserve.models.attention.global_tokens import GlobalConfig
-from attnserve.models.attention.local import LocalConfig
+from attnserve.models.attention.local import LocalConfig, SlidingWindowAttention
 from attnserve.models.registry import register_attention
 
 
@@ -27,14 +26,11 @@ class LongformerConfig(LocalConfig, GlobalConfig):
 
 
 @register_attention("longformer")
-class LongformerAttention(Attention):
+class LongformerAttention(SlidingWindowAttention):
+    """local's window and granule, plus the global tokens."""
+
     config_class = LongformerConfig
     cost = "O(N * (window + g))"
-    is_mask = True
-
-    @classmethod
-    def length_multiple(cls, config):
-        return max(1, config.window // 2)
 
     @classmethod
     def exact_up_to(cls, config, max_length):
