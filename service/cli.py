@@ -26,17 +26,6 @@ def _load(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _load_optional(target: str):
-    """Like _load, but None when that module or function does not exist (yet)."""
-    module, _, name = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return None
-
-
 COMMANDS: list[Command] = [
     # the encoder (models/) and its benchmarks (benchmarks/): variants, benchmarks, adaptation
     Command(("variants",), "list the attention variants and their parameters", None, "attnserve.models.cli:variants_command"),
@@ -72,9 +61,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             sub = groups[group].add_parser(command.words[1], help=command.help, description=command.help)
         sub.set_defaults(_command=command)
         if command.configure and _selected(argv, command.words):
-            configure = _load_optional(command.configure)
-            if configure is not None:
-                configure(sub)
+            _load(command.configure)(sub)
     return parser
 
 
