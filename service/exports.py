@@ -11,6 +11,7 @@ process's output. Where torch is not installed, an export made elsewhere is foun
 """
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 import logging
@@ -29,6 +30,7 @@ from attnserve.service.settings import Settings
 log = logging.getLogger("attnserve")
 
 EXPORTER = [sys.executable, "-m", "attnserve.models.export"]
+STDERR_TAIL_CHARS = 16_384  # what a failed export's message may quote of the exporter's stderr
 
 
 class ExportMissing(RuntimeError):
@@ -78,13 +80,21 @@ def settings_recipe(settings: Settings) -> dict:
 
 
 def run_export(settings: Settings, out_dir: Path) -> None:
-    """Export what the settings serve into out_dir with the exporter in a child process; its
-    progress goes to this process's stdout. ExportFailed with what it said when it fails."""
-    result = subprocess.run([*EXPORTER, *exporter_args(settings), "--out", str(out_dir)], stderr=subprocess.PIPE, text=True)
-    if result.stderr:
-        sys.stderr.write(result.stderr)
-    if result.returncode != 0:
-        raise ExportFailed(f"exporting {settings.variant} into {out_dir} failed: {_exporter_error(result)}")
+    """Export what the settings serve into out_dir with the exporter in a child process. Its
+    output and its progress bar (stderr) reach this process's as they come; the end of its
+    stderr is kept for the message of the ExportFailed raised when it fails."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail = ""
+    with subprocess.Popen([*EXPORTER, *exporter_args(settings), "--out", str(out_dir)], stderr=subprocess.PIPE) as child:
+        while chunk := child.stderr.read1(4096):
+            text = decoder.decode(chunk)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            tail = (tail + text)[-STDERR_TAIL_CHARS:]
+        returncode = child.wait()
+    if returncode != 0:
+        said = subprocess.CompletedProcess(child.args, returncode, stderr=tail)
+        raise ExportFailed(f"exporting {settings.variant} into {out_dir} failed: {_exporter_error(said)}")
 
 
 def export_path(settings: Settings) -> Path:
