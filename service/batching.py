@@ -27,7 +27,6 @@ import numpy as np
 
 from attnserve.service.backend import Backend, Runner
 from attnserve.service.errors import ServiceError
-from attnserve.service.contract.export_format import pad_to
 from attnserve.service.contract.pooling import Pooling
 
 # How many waiting inputs the packer considers for one batch.
@@ -318,5 +317,9 @@ def pad(inputs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Token id lists as int64 (input_ids, attention_mask), each right-padded to the longest;
     the runner pads the batch further to what its graph takes."""
     width = max(len(x) for x in inputs)
-    rows = [pad_to(np.array([x]), np.ones((1, len(x))), 1, width) for x in inputs]
-    return np.concatenate([ids for ids, _ in rows]), np.concatenate([mask for _, mask in rows])
+    ids = np.zeros((len(inputs), width), dtype=np.int64)
+    mask = np.zeros((len(inputs), width), dtype=np.int64)
+    for i, x in enumerate(inputs):
+        ids[i, : len(x)] = x
+        mask[i, : len(x)] = 1
+    return ids, mask
