@@ -8,6 +8,10 @@ A weights directory DIR holds:
     adapt.json            what was trained: at least "variant", "parameters" (the variant config),
                           "max_length", plus the trainer's own facts
 
+A variant's position tables (Attention.position_tables: a row per token position) are stored
+with the rows training reached and load into an encoder of any max_length: the rows both
+have are copied and the encoder's others keep their initial values.
+
 load_weights checks everything it can before copying anything in, so a mismatch leaves the
 encoder as it was and says which file and tensor to change.
 """
@@ -28,9 +32,20 @@ __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "lo
            "weights_file"]
 
 
-def save_weights(encoder: torch.nn.Module, out_dir, names) -> str:
+def is_position_table(encoder: torch.nn.Module, name: str) -> bool:
+    """Whether state_dict entry `name` is one of its variant's position tables."""
+    owner, _, attribute = name.rpartition(".")
+    try:
+        module = encoder.get_submodule(owner)
+    except AttributeError:
+        return False
+    return attribute in getattr(type(module), "position_tables", ())
+
+
+def save_weights(encoder: torch.nn.Module, out_dir, names, position_rows: int = 0) -> str:
     """Write the state_dict entries `names` of `encoder` to out_dir/weights.safetensors (a
-    tensor tied under several names once, under the first) and return the file's sha256."""
+    tensor tied under several names once, under the first) and return the file's sha256.
+    position_rows: keep only that many rows of the position tables (the ones training reached)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = encoder.state_dict()
@@ -46,6 +61,8 @@ def save_weights(encoder: torch.nn.Module, out_dir, names) -> str:
         if key in seen:
             continue
         seen.add(key)
+        if position_rows and is_position_table(encoder, name):
+            tensor = tensor[..., :position_rows, :]
         tensors[name] = tensor.detach().clone().contiguous()
     path = out_dir / WEIGHTS_FILE
     save_file(tensors, str(path))
@@ -97,13 +114,19 @@ def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
         if name not in state:
             raise WeightsError(f"{path}: tensor {name} is not a parameter of the {variant} encoder; "
                                f"the weights were written for another model or variant")
-        if tuple(tensor.shape) != tuple(state[name].shape):
+        if tuple(tensor.shape) != tuple(state[name].shape) and not (
+                is_position_table(encoder, name) and tensor.dim() >= 2 and state[name].dim() == tensor.dim()
+                and tensor.shape[:-2] + tensor.shape[-1:] == state[name].shape[:-2] + state[name].shape[-1:]):
             trained = f" ({META_FILE}: max_length {meta.get('max_length')}, parameters {meta.get('parameters')})" if meta else ""
             raise WeightsError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the encoder's is "
                                f"{tuple(state[name].shape)}; load it with the max_length and variant parameters "
                                f"it was trained with{trained}")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            state[name].copy_(tensor)
+            rows = min(tensor.shape[-2], state[name].shape[-2]) if tensor.dim() >= 2 else None
+            if rows is not None and tensor.shape != state[name].shape:  # a position table: the rows both have
+                state[name][..., :rows, :].copy_(tensor[..., :rows, :])
+            else:
+                state[name].copy_(tensor)
     encoder.weights = {"dir": str(weights_dir.resolve()), "sha256": sha256(path), "tensors": len(tensors), "adapt": meta}
     return encoder.weights

@@ -87,6 +87,33 @@ def test_tied_tensors_are_stored_once_and_load_into_both_names(tmp_path):
     assert torch.equal(loaded.embed(TEXTS), saved.embed(TEXTS))
 
 
+def test_position_tables_keep_the_trained_rows_and_load_into_any_max_length(tmp_path):
+    """The synthesizer's R1/R2 have a row per position: adapted weights keep the rows training
+    reached and load into shorter and longer encoders (the other rows stay as they start);
+    a table of another rank is still refused."""
+    from safetensors.torch import load_file, save_file
+
+    saved, names, _ = write_weights(tmp_path, seed=3, variant="synthesizer")
+    save_weights(saved, tmp_path, names, position_rows=64)
+    stored = load_file(str(tmp_path / WEIGHTS_FILE))
+    assert {tuple(t.shape) for t in stored.values()} == {(1, 64, 32)} and len(stored) == 12
+    for max_length in (32, 1024):
+        start = load_encoder("synthesizer", max_length).state_dict()
+        loaded = load_encoder("synthesizer", max_length, weights=tmp_path).state_dict()
+        rows = min(64, max_length)
+        for name in names:
+            assert torch.equal(loaded[name][:, :rows], saved.state_dict()[name][:, :rows]), name
+            assert torch.equal(loaded[name][:, rows:], start[name][:, rows:]), name
+    # A short text reads positions below 64 only: the same vectors as the saved encoder.
+    short = ["a sentence of a few words"]
+    assert torch.allclose(load_encoder("synthesizer", 1024, weights=tmp_path).embed(short), saved.embed(short), atol=1e-6)
+    other_rank = tmp_path / "rank"
+    other_rank.mkdir()
+    save_file({names[0]: torch.zeros(1, 64, 16)}, str(other_rank / WEIGHTS_FILE))
+    with pytest.raises(WeightsError, match=r"has shape \(1, 64, 16\)"):
+        load_encoder("synthesizer", 1024, weights=other_rank)
+
+
 def test_export_with_weights_matches_pytorch_and_records_them(adapted, served_export):
     from safetensors.torch import load_file
 

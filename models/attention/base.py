@@ -94,6 +94,10 @@ class Attention(nn.Module):
     # Adam's learning rate for `attnserve adapt` (models/adapt.py); 0 for variants with no
     # parameters of their own.
     adapt_lr: ClassVar[float] = 0.0
+    # Parameters with a row per token position (their second-to-last dimension, max_length
+    # rows). Adapted weights hold only the rows training reached, and load into any max_length:
+    # the rows both have are copied, the others keep their initial values (models/weights.py).
+    position_tables: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def length_multiple(cls, config: AttentionConfig) -> int:

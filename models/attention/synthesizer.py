@@ -3,17 +3,18 @@ attention weights do not come from query-key dot products.
 
 mode "random" (factorised random synthesizer): learned R1, R2 (max_length x rank) and weights
 softmax(R1 R2^T): the same for every input, a function of positions only. One pair per layer,
-shared by all heads. The paper learns a pair per head; nothing is trained here, so every
-head would hold the same initial pair. Sharing it keeps the outputs and cuts the parameters
-12x (75M to 6M at 16,384 tokens, where the encoder itself has 22M). The fused kernel then
-computes each softmax once for two heads (see SHARED_VALUE_WIDTH).
+shared by all heads. The paper learns a pair per head; untrained, every head would hold the
+same initial pair, so sharing it keeps the outputs and cuts the parameters 12x (75M to 6M at
+16,384 tokens, where the encoder itself has 22M). The fused kernel then computes each softmax
+once for two heads (see SHARED_VALUE_WIDTH). R1 and R2 are position tables: `attnserve adapt`
+trains their first 512 rows, and those load into any max_length.
 mode "dense" (dense synthesizer): per head, token i's row of weights is W2 relu(W1 x_i),
 a function of that token alone (x_i is taken after the pretrained query projection).
 
 Both are softmax(A B^T) V for some A, B of `rank` columns, so they run through the fused
 attention kernel: O(N^2 * rank) time, O(N) memory.
 
-Initialisation (no training happens here): "random" starts as a smooth local kernel,
+Initialisation (what serves without adapted weights): "random" starts as a smooth local kernel,
 R1_i . R2_j = sharpness * sum_m cos(w_m (i - j)) over log-spaced frequencies, i.e. soft
 attention to nearby positions, so the pretrained FFNs see sensible mixtures. "dense" starts
 with W2 = 0, i.e. uniform attention over the document (a running mean).
@@ -74,6 +75,7 @@ class SynthesizerAttention(Attention):
     config_class = SynthesizerConfig
     cost = "O(N^2 * rank)"
     adapt_lr = 0.01
+    position_tables = ("left", "right")  # R1, R2 (random) and W2 (dense): a row per position
     # exact_up_to stays 0: its weights never come from query-key products.
 
     @classmethod
