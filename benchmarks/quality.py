@@ -5,7 +5,9 @@ two retrieval tasks over the whole set: summary (a document's query retrieves it
 30-word passage copied from past word 600 retrieves it). Documents without a `query` get a
 self-supervised one: their first sentence, taken out of the text; without a `needle`, one is cut
 from the text. For each system: MRR and recall@1 on both tasks, seconds per document, and for
-variants the mean cosine to `full` on the documents' first 512 tokens.
+variants the mean cosine to `full` on the documents' first 512 tokens (with --by-layer, also
+that cosine with only one layer the variant's and the others full attention, layer by layer:
+where a variant's error sits).
 
 Systems:
 - baselines, what a 512-token server does: full attention on the first 256 or 512 tokens;
@@ -58,6 +60,8 @@ def configure(parser):
                         help="run VARIANT with the adapted weights in DIR (`attnserve adapt --out DIR`); its rows are named VARIANT+adapted (repeatable)")
     parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True, help="also score the 512-token-server baselines")
     parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
+    parser.add_argument("--by-layer", action="store_true", help="also each variant's cosine to full on the first 512 tokens "
+                        "with only one layer the variant's, the others full attention (writes OUT/by_layer.csv)")
     parser.add_argument("--out", default="reports/quality", help="folder for quality.csv and quality.png")
     parser.add_argument("--append", action="store_true", help="add rows to an existing quality.csv instead of replacing it")
 
@@ -178,6 +182,19 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
     return results
 
 
+def layer_row(variant: str, params: dict, encodings, args, full, weights_dir=None) -> dict:
+    """The cosine to full on the first 512 tokens with only layer i the variant's, per layer."""
+    from attnserve.models import load_encoder
+    from attnserve.models.adapt import layer_cosines
+
+    encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
+    ids = first_tokens(encodings, 512)
+    with tqdm(total=len(ids), desc=f"{variant} by layer", unit="doc") as bar:
+        cosines = layer_cosines(encoder, full, ids, progress=bar.update)
+    system = f"{variant}+adapted" if weights_dir is not None else variant
+    return {"system": system, "params": json.dumps(params, sort_keys=True), **{f"layer_{i}": c for i, c in enumerate(cosines)}}
+
+
 def _row(system, result, seconds, documents, variant="", params=None, pooling="mean", representation="", cosine=float("nan")) -> dict:
     return {"system": system, "variant": variant, "params": json.dumps(params or {}, sort_keys=True), "pooling": pooling,
             "representation": representation or system.removeprefix("baseline: "), "documents": documents,
@@ -234,12 +251,33 @@ def quality_command(args) -> int:
     full_head = None
     if args.cosine and variants:
         full_head = load_encoder("full", max_length=512).embed_ids(first_tokens(encodings, 512)).numpy()
+    layer_rows = []
     for variant in variants:
         with torch.no_grad():
             emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head, weights_dirs.get(variant)))
+        if args.by_layer:
+            layer_rows.append(layer_row(variant, params.get(variant, {}), encodings, args, load_encoder("full", max_length=512),
+                                        weights_dirs.get(variant)))
     plot(csv_path, out / "quality.png")
     print(f"wrote {csv_path} and {out / 'quality.png'}")
+    if layer_rows:
+        print_layer_rows(layer_rows, out / "by_layer.csv")
     return 0
+
+
+def print_layer_rows(layer_rows: list[dict], path: Path) -> None:
+    layers = [k for k in layer_rows[0] if k.startswith("layer_")]
+    print("\nCosine to full on the first 512 tokens with only one layer the variant's (the others full attention):")
+    print("| system | " + " | ".join(f"layer {k.removeprefix('layer_')}" for k in layers) + " |")
+    print("|---|" + "---|" * len(layers))
+    for r in layer_rows:
+        label = r["system"] + (f" {r['params']}" if r["params"] != "{}" else "")
+        print(f"| {label} | " + " | ".join(f"{r[k]:.4f}" for k in layers) + " |")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(layer_rows[0]))
+        writer.writeheader()
+        writer.writerows({k: (f"{v:.5f}" if isinstance(v, float) else v) for k, v in r.items()} for r in layer_rows)
+    print(f"wrote {path}")
 
 
 def parse_weights(items: list[str], variants: list[str]) -> dict[str, str]:

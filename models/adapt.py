@@ -13,8 +13,16 @@ the training documents, runs the teacher (full attention) through every layer, a
 layer's attention sub-layer on the teacher's input to give the teacher's output (layer-local
 distillation: the six layers learn at once, and no error compounds through the stack while
 they do). A layer's loss is the squared error of its sub-layer output over the real tokens
-divided by the teacher output's, so every layer counts alike. Held-out score: the mean cosine
-of the pooled vectors to the teacher's on the first `window` tokens of held-out documents.
+divided by the teacher output's, so every layer counts alike. With loss "end-to-end" the
+student runs whole instead and learns the teacher's pooled vector and last hidden states
+(10 x (1 - cosine) of the pooled vectors plus the mean of 1 - cosine over the tokens): every
+layer then learns what the pooled vector needs of it, errors of the layers below included,
+at about three times the cost of a layer-local step; meant to follow a layer-local run
+(`--weights`) with `--also` modules that can make up for what the variant misses. Held-out
+score: the mean cosine of the pooled vectors to the teacher's on the first `window` tokens of
+held-out documents.
+adapt.json also records that score by layer, before and after (`layer_cosines`: only that
+layer the variant's, every other the teacher's), which says where the error that is left sits.
 
 Stage "long": with positions=learned, only the offsets that tokens past 512 add to their
 position rows are trained (inputs of at most 512 tokens stay exactly the pretrained model),
@@ -44,6 +52,7 @@ import torch
 from attnserve.models.documents import TRAIN_DOCUMENTS
 
 STAGES = ("distill", "long")
+DISTILL_LOSSES = ("layer-local", "end-to-end")
 TEMPERATURE = 0.05  # InfoNCE temperature of stage "long"
 CHUNK_TOKENS = 256  # late chunks stage "long" scores documents by
 BANK_BATCHES = 4  # earlier batches whose (detached) document vectors serve as extra negatives
@@ -67,6 +76,9 @@ class Plan:
     threads: int = 0  # 0: torch's default
     max_steps: int = 0  # 0: as many as the minutes allow
     also: tuple[str, ...] = ()  # distill: per-layer modules trained besides the variant's own (e.g. attention_out)
+    loss: str = "layer-local"  # distill: one of DISTILL_LOSSES
+    weights: str | None = None  # adapted weights to start from (a weights directory)
+    also_lr: float = 1e-4  # distill: Adam's rate for the --also modules
 
 
 def token_documents(tokenizer, rows) -> list[list[int]]:
@@ -101,17 +113,50 @@ def layer_inputs(teacher, input_ids, mask) -> list[torch.Tensor]:
     return states
 
 
+@torch.no_grad()
+def layer_cosines(student, teacher, ids: list[list[int]], batch: int = 8, progress=None) -> list[float]:
+    """Per layer i, the mean cosine of the pooled vector to the teacher's when only layer i is
+    the student's and the embeddings and every other layer are the teacher's: where a
+    variant's error sits (the deficits 1 - cosine of the layers roughly add up to the whole
+    student's). `ids`: token id lists the teacher reads whole (at most its max_length);
+    `progress(n)` is called after each batch of n."""
+    from attnserve.models.api import pad_batch
+    from attnserve.models.encoder import mean_pool
+
+    sums = torch.zeros(len(student.layers), dtype=torch.float64)
+    for start in range(0, len(ids), batch):
+        input_ids, mask = pad_batch(ids[start:start + batch])
+        key_valid = mask.bool()
+        states = layer_inputs(teacher, input_ids, mask)
+        target = mean_pool(states[-1], key_valid)
+        for i, layer in enumerate(student.layers):
+            x, _ = layer(states[i], key_valid)
+            for later in teacher.layers[i + 1:]:
+                x, _ = later(x, key_valid)
+            sums[i] += float((mean_pool(x, key_valid) * target).sum())
+        if progress is not None:
+            progress(input_ids.shape[0])
+    return (sums / max(len(ids), 1)).tolist()
+
+
 class Distill:
     """Stage "distill" (see the module docstring)."""
 
     name = "distill"
     metric = "mean cosine of pooled vectors to full attention on the first {window} tokens"
-    loss_text = "layer-local: each attention sub-layer on the teacher's input vs the teacher's output, relative squared error"
+    loss_texts = {
+        "layer-local": "layer-local: each attention sub-layer on the teacher's input vs the teacher's output, relative squared error",
+        "end-to-end": "end-to-end: 10 x (1 - cosine) of the pooled vectors + mean over tokens of 1 - cosine of the last hidden states",
+    }
 
     def __init__(self, plan: Plan, student, train_rows, held_rows):
         from attnserve.models.api import load_encoder
         from attnserve.models.registry import VARIANTS
 
+        if plan.loss not in DISTILL_LOSSES:
+            raise ValueError(f"--loss {plan.loss!r}: choose from {', '.join(DISTILL_LOSSES)}")
+        self.objective = plan.loss
+        self.loss_text = self.loss_texts[plan.loss]
         self.window = plan.window or 512
         if not 8 <= self.window <= 512:
             raise ValueError(f"--window must be in 8..512 for stage distill, the teacher's pretrained length (got {self.window})")
@@ -126,11 +171,11 @@ class Distill:
             raise ValueError(f"{plan.variant} has no parameters of its own to distill (its pattern is fixed); "
                              f"variants with some: {', '.join(n for n, c in VARIANTS.items() if c.adapt_lr)}")
         self.lr = plan.lr or VARIANTS[plan.variant].adapt_lr
-        # Modules named by --also: trained too, at Adam's usual fine-tuning rate.
+        # Modules named by --also: trained too, at a fine-tuning rate (default 1e-4).
         self.groups = [{"params": list(self.params.values()), "lr": self.lr}]
         extra = {n: p for n, p in named_once(student) if any(a in n for a in also) and ".attention." not in n}
         if extra:
-            self.groups.append({"params": list(extra.values()), "lr": 1e-4})
+            self.groups.append({"params": list(extra.values()), "lr": plan.also_lr})
             self.params = {**self.params, **extra}
         self.teacher = load_encoder("full", self.window)
         tokenizer = student.tokenizer
@@ -139,17 +184,26 @@ class Distill:
         self.held_ids = [wrap(d, 0, self.window, self.cls, self.sep) for d in token_documents(tokenizer, held_rows)]
         self.teacher_vectors = self.teacher.embed_ids(self.held_ids)
         self.facts = {"teacher": f"full attention, pretrained all-MiniLM-L6-v2, {self.window} tokens"}
+        # Windows start at position 0: a variant's position tables learn their first `window` rows only.
+        self.position_rows = self.window
 
-    def loss(self, student, rng) -> torch.Tensor:
-        """Layer-local: each student attention sub-layer on the teacher's input against the
-        teacher's sub-layer output, relative squared error over the real tokens, summed."""
+    def windows(self, rng):
+        """(input_ids, mask) of `batch` random windows of the training documents."""
         from attnserve.models.api import pad_batch
 
         picked = []
         for i in rng.integers(0, len(self.docs), self.batch):
             doc = self.docs[i]
             picked.append(wrap(doc, int(rng.integers(0, max(1, len(doc) - (self.window - 2) + 1))), self.window, self.cls, self.sep))
-        input_ids, mask = pad_batch(picked)
+        return pad_batch(picked)
+
+    def loss(self, student, rng) -> torch.Tensor:
+        input_ids, mask = self.windows(rng)
+        return (self.end_to_end if self.objective == "end-to-end" else self.layer_local)(student, input_ids, mask)
+
+    def layer_local(self, student, input_ids, mask) -> torch.Tensor:
+        """Each student attention sub-layer on the teacher's input against the teacher's
+        sub-layer output, relative squared error over the real tokens, summed."""
         key_valid = mask.bool()
         real = key_valid[:, :, None].to(torch.float32)
         with torch.no_grad():
@@ -161,15 +215,28 @@ class Distill:
             loss = loss + (((out - target) ** 2) * real).sum() / ((target**2) * real).sum()
         return loss
 
+    def end_to_end(self, student, input_ids, mask) -> torch.Tensor:
+        """The whole student against the whole teacher: pooled vectors and last hidden states."""
+        with torch.no_grad():
+            target_vector, target_states = self.teacher(input_ids, mask)
+        vector, states = student(input_ids, mask)
+        real = mask.to(torch.float32)
+        tokens = ((1 - torch.nn.functional.cosine_similarity(states, target_states, dim=-1)) * real).sum() / real.sum()
+        return 10 * (1 - (vector * target_vector).sum(1)).mean() + tokens
+
     @torch.no_grad()
     def score(self, student) -> float:
         return float((student.embed_ids(self.held_ids) * self.teacher_vectors).sum(1).mean())
+
+    def by_layer(self, student) -> list[float]:
+        return layer_cosines(student, self.teacher, self.held_ids)
 
 
 class LongText:
     """Stage "long" (see the module docstring)."""
 
     name = "long"
+    position_rows = 0  # what it trains is no variant's position table
     metric = "mean MRR of titles and passages over the held-out documents, one vector and late chunks MaxP, {window} tokens"
     loss_text = (f"InfoNCE (temperature {TEMPERATURE}): title and passage -> their document's vector (in-batch and recent-batch "
                  f"negatives) and -> its best {CHUNK_TOKENS}-token late chunk (in-batch negatives), averaged")
@@ -189,6 +256,8 @@ class LongText:
         self.groups = [{"params": list(self.params.values()), "lr": self.lr}]
         if plan.also:
             raise ValueError("--also applies to stage distill only")
+        if plan.loss != "layer-local":
+            raise ValueError("--loss applies to stage distill only (stage long has its contrastive objective)")
         tokenizer = student.tokenizer
         cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
         # Documents that reach past 512 tokens: only those train anything.
@@ -249,6 +318,9 @@ class LongText:
             mrrs.append(mean_reciprocal_rank(queries.numpy(), chunks, owner))
         return float(np.mean(mrrs))
 
+    def by_layer(self, student) -> None:
+        return None  # what it trains feeds every layer at once: no score by layer
+
 
 def late_chunks(hidden: torch.Tensor, mask: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS):
     """(B, C, hidden) L2-normalised means of consecutive chunk_tokens-token runs after [CLS]
@@ -292,6 +364,18 @@ def trainable(encoder, stage: str = "distill") -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in named_once(encoder) if ".attention." in n}
 
 
+def started_from(weights_dir) -> list[str]:
+    """The tensor names of the adapted weights a run starts from (none without)."""
+    if not weights_dir:
+        return []
+    from safetensors import safe_open
+
+    from attnserve.models.weights import weights_file
+
+    with safe_open(str(weights_file(weights_dir)), "pt") as f:
+        return list(f.keys())
+
+
 def adapt(plan: Plan, log=print) -> dict:
     """Run `plan`; returns what adapt.json records."""
     from tqdm import tqdm
@@ -313,7 +397,7 @@ def adapt(plan: Plan, log=print) -> dict:
 
     rows = read_jsonl(plan.data)
     train_rows, held_rows = split(rows, plan.holdout, plan.seed)
-    student = load_encoder(plan.variant, plan.max_length, **plan.params)
+    student = load_encoder(plan.variant, plan.max_length, weights=plan.weights, **plan.params)
     stage = STAGE_CLASSES[plan.stage](plan, student, train_rows, held_rows)
     params = stage.params
     for p in student.parameters():
@@ -327,6 +411,7 @@ def adapt(plan: Plan, log=print) -> dict:
 
     student.eval()
     before = stage.score(student)
+    layers_before = stage.by_layer(student)
     best, best_state = before, snapshot()
     curve = {"seconds": [], "loss": [], "eval_seconds": [0.0], "held_out": [before]}
     log(f"adapt {plan.variant} ({plan.stage}) {dataclasses.asdict(config)} at max_length {plan.max_length}: "
@@ -367,17 +452,28 @@ def adapt(plan: Plan, log=print) -> dict:
         for name, p in params.items():
             p.copy_(best_state[name])
     student.eval()
+    by_layer = {}
+    if layers_before is not None:
+        layers_after = stage.by_layer(student)
+        by_layer = {"by_layer": {"metric": "the same with only that layer the variant's, the others the teacher's",
+                                 "before": [round(v, 5) for v in layers_before], "after": [round(v, 5) for v in layers_after]}}
+        log("held-out score by layer (only that layer the variant's, the others the teacher's), before -> after: "
+            + ", ".join(f"{i}: {a:.4f} -> {b:.4f}" for i, (a, b) in enumerate(zip(layers_before, layers_after))))
     out = Path(plan.out)
     out.mkdir(parents=True, exist_ok=True)
-    sha = save_weights(student, out, list(params))
+    # Started from adapted weights: those not trained now are kept, so DIR alone gives the whole model.
+    names = list(dict.fromkeys([*params, *started_from(plan.weights)]))
+    sha = save_weights(student, out, names, position_rows=stage.position_rows)
     record = {
         "variant": plan.variant,
         "parameters": json.loads(json.dumps(dataclasses.asdict(config))),
         "max_length": plan.max_length,
         "stage": plan.stage,
         "trained": {name: list(p.shape) for name, p in params.items()},
+        **({"kept": sorted(set(names) - set(params))} if set(names) - set(params) else {}),
         "trained_parameters": sum(p.numel() for p in params.values()),
         "frozen": "every other weight (the pretrained model's)",
+        **({"started_from": {"dir": shown_path(plan.weights), "weights_sha256": student.weights["sha256"]}} if plan.weights else {}),
         "loss": stage.loss_text,
         **stage.facts,
         "data": {"file": shown_path(plan.data), "documents": len(rows), "training": len(train_rows), "held_out": len(held_rows),
@@ -385,12 +481,14 @@ def adapt(plan: Plan, log=print) -> dict:
         "window": stage.window,
         "batch": plan.batch,
         "lr": stage.lr,
+        **({"also_lr": plan.also_lr} if plan.also else {}),
         "steps": steps,
         "minutes": plan.minutes,
         "interrupted": interrupted,
         "seconds": round(time.perf_counter() - started, 1),
         "threads": torch.get_num_threads(),
-        "held_out": {"metric": stage.metric.format(window=stage.window), "before": round(before, 5), "after": round(best, 5)},
+        "held_out": {"metric": stage.metric.format(window=stage.window), "before": round(before, 5), "after": round(best, 5),
+                     **by_layer},
         "curve": curve,
         "weights_sha256": sha,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -445,6 +543,12 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--also", default="", help="distill: comma-separated per-layer modules to train besides the variant's own "
                         "parameters, e.g. attention_out (they then differ from the pretrained model's for every input)")
+    parser.add_argument("--also-lr", type=float, default=1e-4, help="distill: Adam's rate for the --also modules (default 1e-4)")
+    parser.add_argument("--loss", default="layer-local", choices=DISTILL_LOSSES,
+                        help="distill: layer-local (each attention sub-layer on the teacher's input) or end-to-end "
+                             "(the whole student to the teacher's pooled vector and last hidden states; default layer-local)")
+    parser.add_argument("--weights", default=None, help="adapted weights to start from (a weights directory, e.g. a "
+                        "layer-local run's before --loss end-to-end); the output holds the tensors trained now")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps even within the minutes (default: no cap)")
 
 
@@ -457,7 +561,8 @@ def adapt_command(args) -> int:
         plan = Plan(variant=args.variant, params=parse_params(args.param), max_length=args.max_length, data=args.data,
                     out=args.out, minutes=args.minutes, stage=args.stage, window=args.window, batch=args.batch,
                     lr=args.lr, holdout=args.holdout, eval_seconds=args.eval_seconds, seed=args.seed, threads=args.threads,
-                    max_steps=args.max_steps, also=tuple(a.strip() for a in args.also.split(",") if a.strip()))
+                    max_steps=args.max_steps, also=tuple(a.strip() for a in args.also.split(",") if a.strip()),
+                    loss=args.loss, weights=args.weights, also_lr=args.also_lr)
         if not Path(plan.data).is_file():
             raise ValueError(f"--data {plan.data}: no such file")
         adapt(plan)

@@ -52,6 +52,30 @@ def test_adapt_writes_weights_record_and_plot(adapted):
     # Only linformer's E (shared by keys and values): one tensor per layer, 32 rows x 512 columns.
     assert meta["trained"] == {f"layers.{i}.attention.E": [32, MAX_LENGTH] for i in range(6)}
     assert meta["data"]["held_out"] == 4 and len(meta["data"]["held_out_ids"]) == 4
+    # The held-out score by layer, before and after: one cosine per layer.
+    by_layer = meta["held_out"]["by_layer"]
+    assert len(by_layer["before"]) == len(by_layer["after"]) == 6
+    assert all(0 < c <= 1 + 1e-5 for c in by_layer["before"] + by_layer["after"])
+
+
+def test_layer_cosines_put_the_error_on_the_layer_that_differs():
+    """Only layer 2 of the student differs from the teacher: every other layer scores 1, and
+    layer 2 scores what the whole student does."""
+    import copy
+
+    from attnserve.models.adapt import layer_cosines
+
+    teacher = load_encoder("full", 512)
+    ids = [teacher.tokenize([r["text"]])[0][:300] for r in read_jsonl(TRAIN_DOCUMENTS, limit=5)]
+    assert layer_cosines(teacher, teacher, ids) == pytest.approx([1.0] * 6, abs=1e-5)
+    student = copy.deepcopy(teacher)
+    student.layers[2] = load_encoder("local", 512, window=8).layers[2]
+    calls = []
+    cosines = layer_cosines(student, teacher, ids, batch=2, progress=calls.append)
+    assert calls == [2, 2, 1]
+    whole = float((student.embed_ids(ids) * teacher.embed_ids(ids)).sum(1).mean())
+    assert whole < 0.999
+    assert cosines == pytest.approx([1, 1, whole, 1, 1, 1], abs=1e-5)
 
 
 def test_adapted_weights_load_and_change_only_the_variant(adapted):
@@ -113,6 +137,29 @@ def test_trainable_is_the_variant_parameters_only():
     assert trainable(load_encoder("longformer", 512)) == {}
 
 
+def test_end_to_end_distillation_starts_from_weights_and_keeps_what_it_does_not_train(adapted, train_file, tmp_path):
+    """--loss end-to-end from a layer-local run's weights, training the output projections too:
+    the new directory holds E (trained again) and the output projections, loads alone, and
+    differs from the start only in what this run trained."""
+    start, _ = adapted
+    plan = Plan(variant="linformer", params={"k": 32}, max_length=MAX_LENGTH, data=str(train_file), out=str(tmp_path),
+                minutes=5, window=128, batch=2, holdout=4, eval_seconds=0, max_steps=3, seed=1, loss="end-to-end",
+                also=("attention_out",), weights=str(start), lr=0.05)
+    record = adapt(plan, log=lambda *a: None)
+    assert record["loss"].startswith("end-to-end") and record["started_from"]["dir"] == str(start.resolve())
+    assert set(record["trained"]) == {f"layers.{i}.{m}" for i in range(6) for m in ("attention.E", "attention_out.weight", "attention_out.bias")}
+    assert all(np.isfinite(record["curve"]["loss"])) and record["steps"] == 3
+    first = load_encoder("linformer", MAX_LENGTH, weights=start, k=32).state_dict()
+    again = load_encoder("linformer", MAX_LENGTH, weights=tmp_path, k=32).state_dict()
+    pretrained = load_encoder("linformer", MAX_LENGTH, k=32).state_dict()
+    trained = {again[n].data_ptr() for n in record["trained"]}  # F is E (shared by keys and values)
+    for name, tensor in again.items():
+        if tensor.data_ptr() not in trained:  # untouched by this run: the starting weights (pretrained elsewhere)
+            assert torch.equal(tensor, first[name]), name
+    if record["held_out"]["after"] > record["held_out"]["before"]:  # a trained step was kept
+        assert any(not torch.equal(again[n], pretrained[n]) for n in record["trained"] if "attention_out" in n)
+
+
 def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
@@ -124,6 +171,11 @@ def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     assert missing.returncode == 2 and "nope.jsonl" in missing.stderr
     window = run("--variant", "linformer", "--max-length", "512", "--data", str(train_file), "--window", "4096")
     assert window.returncode == 2 and "--window" in window.stderr
+    no_weights = run("--variant", "linformer", "--max-length", "512", "--data", str(train_file), "--weights", str(tmp_path / "none"))
+    assert no_weights.returncode == 2 and str(tmp_path / "none") in no_weights.stderr
+    long_loss = run("--variant", "local", "--param", "positions=learned", "--stage", "long", "--max-length", "1024",
+                    "--data", str(train_file), "--loss", "end-to-end")
+    assert long_loss.returncode == 2 and "--loss applies to stage distill only" in long_loss.stderr
     assert not (tmp_path / "o").exists()
 
 

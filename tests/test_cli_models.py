@@ -123,7 +123,7 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
     data.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in read_jsonl(DEV_DOCUMENTS, limit=6)))
     out = subprocess.run(
         [sys.executable, "-m", "attnserve.service.cli", "bench", "quality", "--data", str(data), "--max-length", "600",
-         "--variants", "local", "--chunk-tokens", "128", "--opening-weight", "0.3,0.6", "--out", str(tmp_path / "q")],
+         "--variants", "local", "--chunk-tokens", "128", "--opening-weight", "0.3,0.6", "--by-layer", "--out", str(tmp_path / "q")],
         capture_output=True, text=True, check=True, timeout=600,
     ).stdout
     assert "| baseline: naive chunks MaxP |" in out and "| local | mean | late chunks MaxP |" in out
@@ -135,6 +135,10 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
         assert 0 < float(r["summary_mrr"]) <= 1 and 0 <= float(r["needle_r1"]) <= 1 and r["documents"] == "6"
     assert float(next(r for r in rows if r["system"] == "local")["cosine_to_full_512"]) > 0.9
     assert (tmp_path / "q" / "quality.png").stat().st_size > 10_000
+    # --by-layer: local's cosine with only one layer local (window 512 covers most of 512 tokens).
+    assert "| system | layer 0 | layer 1 | layer 2 | layer 3 | layer 4 | layer 5 |" in out
+    (by_layer,) = list(csv.DictReader(open(tmp_path / "q" / "by_layer.csv")))
+    assert by_layer["system"] == "local" and all(0.9 < float(by_layer[f"layer_{i}"]) <= 1.0001 for i in range(6))
 
 
 def test_the_wheel_installs_the_product_packages_and_no_benchmarks(tmp_path):
