@@ -9,7 +9,9 @@ Reformer. O(N * chunk * n_hashes) plus the sorts.
 
 The pretrained model has separate Q and K (Reformer shares them), so both are hashed with the
 same rotations. Rotations are a fixed buffer drawn once from `seed`; padding sorts after
-every real token, so a document gives the same result alone or in a padded batch.
+every real token, so a document takes the same decisions alone or in a padded batch, and with
+them gives the same result. Matmul rounding that differs with the batch's shape (~1e-6 on some
+CPUs) can still move a token whose rotations nearly tie to another bucket (see discontinuous).
 
 Parameters:
     chunk: tokens per sorted chunk.
