@@ -1,10 +1,9 @@
 """The encoder end to end: pretrained parity, batch invariance, memory, determinism, API."""
 
-import contextlib
-
 import pytest
 import torch
 
+from discrete_decisions import recorded_orders, replayed_orders
 from attnserve.models import load_encoder, variant_names
 from attnserve.models.api import pad_batch
 from attnserve.models.export_verify import DISCONTINUOUS_MIN_COSINE
@@ -53,35 +52,6 @@ def test_batch_invariance(variant, encoders):
         assert (encoder.embed([doc])[0] - batched[i]).abs().max() <= 1e-5
 
 
-@contextlib.contextmanager
-def recorded_orders(encoder):
-    """Each layer's sort orders per hash round (LSH's only discrete decisions) as taken inside."""
-    log = [{} for _ in encoder.layers]
-    for layer, rounds in zip(encoder.layers, log):
-        def orders(q, k, key_valid, round_, take=layer.attention.orders, rounds=rounds):
-            rounds[round_] = take(q, k, key_valid, round_)
-            return rounds[round_]
-        layer.attention.orders = orders
-    try:
-        yield log
-    finally:
-        for layer in encoder.layers:
-            del layer.attention.orders
-
-
-@contextlib.contextmanager
-def replayed_orders(encoder, log, row: int, n: int):
-    """Row `row` of a recorded batch's orders over its first n tokens (padding sorts last, so
-    those are a document's own orders) replayed as a lone n-token document's."""
-    for layer, rounds in zip(encoder.layers, log):
-        layer.attention.orders = lambda q, k, key_valid, round_, rounds=rounds: tuple(o[row:row + 1, :, :n] for o in rounds[round_])
-    try:
-        yield
-    finally:
-        for layer in encoder.layers:
-            del layer.attention.orders
-
-
 @pytest.mark.parametrize("variant", [v for v in variant_names() if variant_class(v).discontinuous])
 def test_batch_invariance_of_discontinuous_variants(variant, encoders):
     """LSH's buckets are an argmax: matmul rounding that differs with the batch's shape (~1e-6
@@ -93,7 +63,9 @@ def test_batch_invariance_of_discontinuous_variants(variant, encoders):
     with torch.no_grad(), recorded_orders(encoder) as log:
         batched = encoder(*pad_batch(ids))[0]
     for i, x in enumerate(ids):
-        with torch.no_grad(), replayed_orders(encoder, log, i, len(x)):
+        # Row i of the batch's orders over its first len(x) tokens (padding sorts last): its own.
+        own_rows = [[tuple(o[i:i + 1, :, :len(x)] for o in rounds[r]) for r in sorted(rounds)] for rounds in log]
+        with torch.no_grad(), replayed_orders(encoder, own_rows):
             alone = encoder(*pad_batch([x]))[0][0]
         assert (alone - batched[i]).abs().max() <= 1e-5
         own = encoder.embed([BATCH_DOCS[i]])[0]

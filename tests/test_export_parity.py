@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from discrete_decisions import replayed_orders
 from export_helpers import SHARED_MAX_LENGTH, get_export, padded_batch
 from attnserve.models import variant_names
 from attnserve.models.encoder import rank_collapse_ratio
@@ -37,14 +38,9 @@ def replayed_decisions(encoder, runner, ids, mask):
     back from the analysis graph's attention maps and replayed in PyTorch, leaving the
     continuous part to compare exactly."""
     pieces = runner.attention_pieces(ids, mask)
-    for layer, layer_pieces in zip(encoder.layers, pieces):
-        recorded = layer.attention.orders_from_weights(layer_pieces, ids.shape[1])
-        layer.attention.orders = lambda q, k, key_valid, round_, recorded=recorded: recorded[round_]
-    try:
+    with replayed_orders(encoder, [layer.attention.orders_from_weights(layer_pieces, ids.shape[1])
+                                   for layer, layer_pieces in zip(encoder.layers, pieces)]):
         yield
-    finally:
-        for layer in encoder.layers:
-            del layer.attention.orders
 
 
 @pytest.mark.slow
