@@ -248,16 +248,15 @@ def quality_command(args) -> int:
     encodings = document_ids(load_encoder("full", max_length=args.max_length), rows)
     if args.baselines:
         emit(baselines(rows, encodings, args))
-    full_head = None
-    if args.cosine and variants:
-        full_head = load_encoder("full", max_length=512).embed_ids(first_tokens(encodings, 512)).numpy()
+    # Full attention on the first 512 tokens: what --cosine and --by-layer compare a variant with.
+    teacher = load_encoder("full", max_length=512) if variants and (args.cosine or args.by_layer) else None
+    full_head = teacher.embed_ids(first_tokens(encodings, 512)).numpy() if args.cosine and teacher else None
     layer_rows = []
     for variant in variants:
         with torch.no_grad():
             emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head, weights_dirs.get(variant)))
         if args.by_layer:
-            layer_rows.append(layer_row(variant, params.get(variant, {}), encodings, args, load_encoder("full", max_length=512),
-                                        weights_dirs.get(variant)))
+            layer_rows.append(layer_row(variant, params.get(variant, {}), encodings, args, teacher, weights_dirs.get(variant)))
     plot(csv_path, out / "quality.png")
     print(f"wrote {csv_path} and {out / 'quality.png'}")
     if layer_rows:

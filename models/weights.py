@@ -42,6 +42,11 @@ def is_position_table(encoder: torch.nn.Module, name: str) -> bool:
     return attribute in getattr(type(module), "position_tables", ())
 
 
+def rows_differ_only(a: torch.Size, b: torch.Size) -> bool:
+    """Whether two shapes of at least two dimensions differ in their second-to-last only."""
+    return len(a) == len(b) >= 2 and a[:-2] + a[-1:] == b[:-2] + b[-1:]
+
+
 def save_weights(encoder: torch.nn.Module, out_dir, names, position_rows: int = 0) -> str:
     """Write the state_dict entries `names` of `encoder` to out_dir/weights.safetensors (a
     tensor tied under several names once, under the first) and return the file's sha256.
@@ -114,19 +119,17 @@ def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
         if name not in state:
             raise WeightsError(f"{path}: tensor {name} is not a parameter of the {variant} encoder; "
                                f"the weights were written for another model or variant")
-        if tuple(tensor.shape) != tuple(state[name].shape) and not (
-                is_position_table(encoder, name) and tensor.dim() >= 2 and state[name].dim() == tensor.dim()
-                and tensor.shape[:-2] + tensor.shape[-1:] == state[name].shape[:-2] + state[name].shape[-1:]):
+        if tensor.shape != state[name].shape and not (is_position_table(encoder, name) and rows_differ_only(tensor.shape, state[name].shape)):
             trained = f" ({META_FILE}: max_length {meta.get('max_length')}, parameters {meta.get('parameters')})" if meta else ""
             raise WeightsError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the encoder's is "
                                f"{tuple(state[name].shape)}; load it with the max_length and variant parameters "
                                f"it was trained with{trained}")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            rows = min(tensor.shape[-2], state[name].shape[-2]) if tensor.dim() >= 2 else None
-            if rows is not None and tensor.shape != state[name].shape:  # a position table: the rows both have
-                state[name][..., :rows, :].copy_(tensor[..., :rows, :])
-            else:
+            if tensor.shape == state[name].shape:
                 state[name].copy_(tensor)
+            else:  # a position table (checked above): the rows both have
+                rows = min(tensor.shape[-2], state[name].shape[-2])
+                state[name][..., :rows, :].copy_(tensor[..., :rows, :])
     encoder.weights = {"dir": str(weights_dir.resolve()), "sha256": sha256(path), "tensors": len(tensors), "adapt": meta}
     return encoder.weights
