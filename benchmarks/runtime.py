@@ -50,7 +50,9 @@ def configure_bench_runtime(parser) -> None:
                         help="timed runs per length below 8192 tokens, median (default 3; 21 rounds with --short-inputs)")
     parser.add_argument("--long-repeats", type=int, default=1, help="timed runs per length from 8192 tokens")
     parser.add_argument("--threads", type=int, default=0, help="threads for both PyTorch and ORT (0: all cores)")
-    parser.add_argument("--exports-dir", default=None, help="reuse/keep exports here (default: a temporary directory)")
+    parser.add_argument("--exports-dir", default=None,
+                        help="reuse/keep exports here, a folder per recipe as `attnserve serve --models-dir` names them "
+                             "(default: a temporary directory)")
     parser.add_argument("--optimize", action="store_true", help="export with the exporter's onnxscript optimiser")
     parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
@@ -68,22 +70,11 @@ def _inputs(batch: int, length: int):
 
 
 def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
-    """An export of `variant` under root, reused when one there has the same variant, max_length
-    and short graph or not (--exports-dir keeps them between runs)."""
-    from attnserve.models.export import export_model, short_graph_length
-    from attnserve.models.registry import make_config
-    from attnserve.service.contract.export_format import ExportError, read_manifest
+    """The export of `variant` under root, reused when root already holds one of the same recipe
+    (--exports-dir keeps them between runs; `attnserve serve --models-dir` finds them too)."""
+    from attnserve.models.export import cached_export
 
-    out = root / f"{variant}-L{max_length}{'-opt' if optimize else ''}"
-    try:
-        m = read_manifest(out)
-    except ExportError:  # none yet, or not one this attnserve serves: make it
-        m = None
-    short = short_graph_length(make_config(variant, max_length), max_length) > 0
-    if m and m.variant == variant and m.max_length == max_length and (m.graphs.short is not None) == short:
-        return out
-    export_model(variant, {}, max_length, out, analysis=False, verify=True, optimize=optimize, log=log)
-    return out
+    return cached_export(root, variant, {}, max_length, analysis=False, optimize=optimize, log=log)
 
 
 def _available_bytes() -> int:

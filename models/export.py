@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +48,7 @@ from attnserve.models.pretrained import model_dir
 from attnserve.models.registry import make_config
 from attnserve.service.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
     EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, TOKENIZER_FILE, Manifest,
-    code_sha256, file_records, package_version, pad_to, parse_params, recipe_sha256, sha256, weights_file, write_manifest)
+    code_sha256, export_name, file_records, package_version, pad_to, parse_params, recipe_sha256, sha256, weights_file, write_manifest)
 
 MAX_BATCH = 1024
 
@@ -87,6 +89,40 @@ def export_model(variant: str, params: dict, max_length: int, out_dir, *, analys
     encoder = load_encoder(variant, capacity, weights=weights, **params)
     return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
                           opset=opset, optimize=optimize, max_batch=max_batch, log=log)
+
+
+def cached_export(root, variant: str, params: dict | None, max_length: int, *, analysis: bool = True,
+                  verify: bool = True, optimize: bool = False, weights=None, log=print) -> Path:
+    """The export of this recipe under root, made first if it is not there yet: in
+    root/export_name(recipe), the folder `attnserve serve --models-dir root` looks in, so a
+    server can serve straight from the cache. The recipe covers the variant's resolved
+    parameters, max_length, weights, the models package's code and the converters' versions,
+    so a change to any of them makes a new export. A lock file per recipe lets processes share
+    the folder (pytest-xdist workers, benchmark subprocesses): the first exports into a scratch
+    folder renamed into place, the others wait for it and reuse it. `verify` applies to an
+    export this call makes."""
+    from filelock import FileLock
+
+    params = dict(params or {})
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    recipe = export_recipe(make_config(variant, max_length, **params), max_length,
+                           sha256(weights_file(weights)) if weights else None, analysis=analysis, optimize=optimize)
+    target = root / export_name(recipe)
+    with FileLock(str(target) + ".lock"):
+        if not (target / MANIFEST_FILE).is_file():
+            scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+            try:
+                export_model(variant, params, max_length, scratch, analysis=analysis, verify=verify, optimize=optimize,
+                             weights=weights, log=log)
+                try:
+                    os.replace(scratch, target)  # replaces a missing or empty folder only
+                except OSError as exc:
+                    raise ExportFailed(f"{target}: not an export and not empty ({exc.strerror}); move it out of {root}") from exc
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+    os.utime(target)  # when it was last used, for whoever prunes the cache
+    return target
 
 
 def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, params: dict | None = None,

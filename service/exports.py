@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
-    META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, param_arg, read_manifest, recipe_sha256,
+    META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg, read_manifest,
     sha256, weights_file)
 from attnserve.service.settings import Settings
 
@@ -39,11 +39,6 @@ class ExportMissing(RuntimeError):
 
 class ExportFailed(RuntimeError):
     """The exporter ran and did not finish an export; the message holds what it said."""
-
-
-def export_name(recipe: dict) -> str:
-    """The folder under models_dir that holds the export of `recipe` (the exporter's --print-recipe)."""
-    return f"{recipe['variant']}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
 
 
 def weights_sha256(settings: Settings) -> str | None:

@@ -236,6 +236,13 @@ def recipe_sha256(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def export_name(recipe: dict) -> str:
+    """The folder of a models directory that holds the export of `recipe` (the exporter's
+    --print-recipe): where `attnserve serve --models-dir` looks, and where the exporter's own
+    cache (attnserve.models.export.cached_export) puts it."""
+    return f"{recipe['variant']}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
+
+
 # --------------------------------------------------------------------------- inputs
 
 
