@@ -1,48 +1,69 @@
-"""Exports shared by the test_export_* files: each (variant, max_length, analysis) is exported
-once per pytest process into a temporary directory (exporting costs 30-90 s on 2 cores)."""
+"""The suite's one export cache, shared by every test, pytest-xdist worker and subprocess the
+tests start, and kept between runs: ATTNSERVE_TEST_EXPORTS, by default
+~/.cache/attnserve/test-exports. Each export sits in the folder named after its recipe
+(attnserve.models.export.cached_export: variant, resolved parameters, max_length, weights, the
+models package's code, converters' versions), so a change to the model code exports anew and
+`attnserve serve --models-dir EXPORTS_ROOT` serves a cached export as it is. A lock per recipe
+makes concurrent workers wait for one export instead of each making it (30-90 s on 2 cores).
+Tests of exporting itself still export, into their own folders."""
 from __future__ import annotations
 
-import atexit
+import os
 import shutil
-import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-# The one export the runtime, torch-free and parity tests share (with its analysis graph).
+# The one export the runtime, torch-free, late-chunking, memory and browser tests share (with
+# its analysis graph), at a length that is a multiple of none of the block sizes.
 SHARED_VARIANT, SHARED_MAX_LENGTH = "longformer", 8200
+# The export the HTTP server tests serve (conftest's export_dir), short so each request is quick.
+HTTP_VARIANT, HTTP_MAX_LENGTH = "longformer", 1024
 
-_ROOT: Path | None = None
-_CACHE: dict[tuple, tuple[Path, object]] = {}
+EXPORTS_ROOT = Path(os.environ.get("ATTNSERVE_TEST_EXPORTS") or Path.home() / ".cache" / "attnserve" / "test-exports")
+UNUSED_DAYS = 14  # exports of code no run has used for this long are removed
 
-
-def _root() -> Path:
-    global _ROOT
-    if _ROOT is None:
-        _ROOT = Path(tempfile.mkdtemp(prefix="attnserve-test-exports-"))
-        atexit.register(shutil.rmtree, _ROOT, True)
-    return _ROOT
+_ENCODERS: dict[tuple, object] = {}
 
 
-def get_export(variant: str, max_length: int, analysis: bool = False):
-    """(export_dir, encoder): the export and the very PyTorch encoder it was made from."""
+def export_path(variant: str, max_length: int, *, analysis: bool = True, params: dict | None = None, weights=None) -> Path:
+    """The cached export (made now if missing) of `variant` at `max_length`; the tests compare
+    ONNX Runtime with PyTorch themselves, so the export-time check is skipped."""
     import torch
 
+    from attnserve.models.export import cached_export
+
+    torch.set_num_threads(2)
+    return cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=analysis, verify=False, weights=weights,
+                         log=lambda message: None)
+
+
+def get_export(variant: str, max_length: int, analysis: bool = False, **params):
+    """(export_dir, encoder): the cached export and a PyTorch encoder of the same recipe (loads
+    are deterministic: tests/test_encoder.py::test_two_loads_are_identical)."""
     from attnserve.models import load_encoder
-    from attnserve.models.export import export_encoder, length_multiple
+    from attnserve.models.export import length_multiple
     from attnserve.models.registry import make_config
 
     analysis = analysis or (variant, max_length) == (SHARED_VARIANT, SHARED_MAX_LENGTH)
-    key = (variant, max_length, analysis)
-    if key not in _CACHE:
-        torch.set_num_threads(2)
-        multiple = length_multiple(variant, make_config(variant, max_length))
-        encoder = load_encoder(variant, -(-max_length // multiple) * multiple)
-        out = _root() / f"{variant}-{max_length}-{int(analysis)}"
-        # The tests compare ORT with PyTorch themselves; the export-time check is skipped.
-        export_encoder(encoder, out, max_length=max_length, analysis=analysis, verify=False, log=lambda m: None)
-        _CACHE[key] = (out, encoder)
-    return _CACHE[key]
+    export_dir = export_path(variant, max_length, analysis=analysis, params=params)
+    key = (variant, max_length, tuple(sorted(params.items())))
+    if key not in _ENCODERS:
+        multiple = length_multiple(variant, make_config(variant, max_length, **params))
+        _ENCODERS[key] = load_encoder(variant, -(-max_length // multiple) * multiple, **params)
+    return export_dir, _ENCODERS[key]
+
+
+def prune_unused(now: float | None = None) -> None:
+    """Remove the exports (and scratch folders of exports killed midway) that no run has used
+    for UNUSED_DAYS: cached_export touches each export it hands out."""
+    if not EXPORTS_ROOT.is_dir():
+        return
+    cutoff = (now or time.time()) - UNUSED_DAYS * 86400
+    for entry in EXPORTS_ROOT.iterdir():
+        if entry.is_dir() and entry.stat().st_mtime < cutoff:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def padded_batch(lengths: list[int], seed: int = 0):

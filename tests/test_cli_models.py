@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import torch
+from export_helpers import EXPORTS_ROOT
 
 from attnserve.models import parameters, variant_names
 from attnserve.models.quality import mean_reciprocal_rank
@@ -53,7 +54,7 @@ def test_bench_runtime_prints_ratios_and_ceilings(tmp_path):
 
     out = subprocess.run(
         [sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--variants", "strided", "--lengths", "64,130",
-         "--threads", "2", "--repeats", "1", "--json", str(tmp_path / "rows.json")],
+         "--threads", "2", "--repeats", "1", "--json", str(tmp_path / "rows.json"), "--exports-dir", str(EXPORTS_ROOT)],
         capture_output=True, text=True, check=True, timeout=600,
     ).stdout
     assert "GFLOP/s" in out and "ceiling = eager time" in out

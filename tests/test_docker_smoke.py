@@ -28,6 +28,9 @@ from pathlib import Path
 
 import pytest
 
+# Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE_IMAGE = os.environ.get("ATTNSERVE_TEST_BASE_IMAGE") or None
 SCRIPTS = Path(os.environ["ATTNSERVE_TEST_DOCKER_SCRIPTS"]) if os.environ.get("ATTNSERVE_TEST_DOCKER_SCRIPTS") else None

@@ -41,6 +41,9 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
+# Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 API_KEY = "explorer-key-1"
 MARGIN = 96  # explorer.js: the map starts this many pixels right of and below the canvas corner
 # Never let selenium look for or download a driver: the system one is named explicitly.

@@ -300,9 +300,8 @@ def test_fake_server_with_api_key_file(tmp_path):
 
 # -- a damaged export is refused at startup, by file name -----------------------------------------
 
-# The end-to-end tests' longformer export (max_length 1024), cached under pytest's cache so that
-# these tests never export.
-from test_http_server import export_dir  # noqa: E402,F401  (the fixture)
+# The end-to-end tests' longformer export (max_length 1024: conftest's export_dir, from the suite's
+# export cache), so that these tests never export.
 
 
 def damaged_copy(export_dir: Path, tmp_path: Path, name: str) -> Path:

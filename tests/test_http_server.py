@@ -1,63 +1,21 @@
-"""End to end: a real export (longformer, max_length 1024), `attnserve serve` in a subprocess on
-127.0.0.1, every route, the official openai client, bad input, graceful shutdown.
-
-The export is cached under pytest's cache directory, keyed by the source of models/ and
-models/export.py, so only the first run (or a change to the model code) pays for it.
+"""End to end: a real export (longformer, max_length 1024: conftest's export_dir, from the suite's
+export cache), `attnserve serve` in a subprocess on 127.0.0.1, every route, the official openai
+client, bad input, graceful shutdown.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from export_helpers import HTTP_MAX_LENGTH as MAX_LENGTH
 from http_checks import check_attention_formats
 from http_server import ROOT, start_real_server, terminate_while_busy
 
 
-MAX_LENGTH = 1024
 API_KEY = "test-key-123"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
-
-
-# The files a longformer export depends on; edits to other variants keep the cached export.
-_EXPORT_SOURCES = ["models/export.py", "models/encoder.py", "models/api.py", "models/registry.py", "models/pretrained.py",
-                   "models/sparse.py", "models/attention/__init__.py", "models/attention/base.py",
-                   "models/attention/blocks.py", "models/attention/local.py", "models/attention/global_tokens.py",
-                   "models/attention/longformer.py"]
-
-
-def _source_key() -> str:
-    digest = hashlib.sha256()
-    for name in _EXPORT_SOURCES:
-        path = ROOT / name
-        digest.update(path.read_bytes() if path.exists() else b"-")
-    return digest.hexdigest()[:16]
-
-
-@pytest.fixture(scope="session")
-def export_dir(pytestconfig, tmp_path_factory) -> Path:
-    from attnserve.service.exports import ensure_export, export_path
-    from attnserve.service.settings import Settings
-
-    try:
-        cache = pytestconfig.cache.mkdir(f"attnserve-http-export-{_source_key()}")
-        for stale in cache.parent.glob("attnserve-http-export-*"):
-            if stale != cache:
-                shutil.rmtree(stale, ignore_errors=True)
-    except AttributeError:  # cache disabled (-p no:cacheprovider)
-        cache = tmp_path_factory.mktemp("exports")
-    settings = Settings(variant="longformer", max_length=MAX_LENGTH, models_dir=cache)
-    target = export_path(settings)
-    if not (target / "manifest.json").is_file():
-        # The export's own parity check has its own tests (test_export_parity.py); here it would only add minutes.
-        from attnserve.models.export import export_model
-
-        export_model("longformer", {}, MAX_LENGTH, target, verify=False)
-    return ensure_export(settings)
 
 
 @pytest.fixture(scope="module")

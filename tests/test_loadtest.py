@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("loadtest", ROOT / "docker" / "loadtest" / "loadtest.py")
 loadtest = importlib.util.module_from_spec(spec)

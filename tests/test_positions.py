@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from export_helpers import padded_batch
+from export_helpers import get_export, padded_batch
 from attnserve.models.encoder import interpolated_positions, look_up, query_scale
 from attnserve.models.registry import make_config
 
@@ -124,18 +124,13 @@ def test_cli_strings_are_converted_and_bad_values_say_what_is_valid():
         make_config("full", 4096, positions="interpolated", position_period=256)
 
 
-@pytest.mark.slow
-def test_onnx_runtime_matches_pytorch_with_interpolated_positions_and_scaling(tmp_path):
+def test_onnx_runtime_matches_pytorch_with_interpolated_positions_and_scaling():
     """The export computes s and the scaling per document inside the graph: ONNX Runtime on
     inputs padded to the export's granule equals PyTorch on the unpadded ones."""
-    from attnserve.models import load_encoder
-    from attnserve.models.export import export_encoder
     from attnserve.service.runtime import OnnxRunner
 
-    torch.set_num_threads(2)
-    encoder = load_encoder("local", 1024, positions="interpolated", attention_scaling=True)
-    export_encoder(encoder, tmp_path, max_length=1024, analysis=False, verify=False, log=lambda m: None)
-    runner = OnnxRunner(tmp_path, providers=["CPUExecutionProvider"], intra_op_threads=2)
+    export_dir, encoder = get_export("local", 1024, positions="interpolated", attention_scaling=True)
+    runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=2)
     for lengths in ([300], [1000], [1000, 700, 13]):
         ids, mask = padded_batch(lengths, seed=sum(lengths))
         out = runner.run(ids, mask, ("sentence_embedding", "last_hidden_state"))

@@ -23,10 +23,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from export_helpers import HTTP_MAX_LENGTH as MAX_LENGTH
 from http_server import ROOT
-from test_http_server import MAX_LENGTH, export_dir  # noqa: F401  (the session's cached longformer export)
 
 from benchmarks.service import free_port, wait_until_healthy
+
+# Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
+pytestmark = pytest.mark.xdist_group("whole_machine")
 
 INSTALL_TIMEOUT = 900
 SERVE_READY_TIMEOUT = 240
@@ -109,7 +112,7 @@ def run_curl_examples(served: Served, repo: Path) -> None:
         assert not (isinstance(body, dict) and "error" in body), f"`{curl}` answered an error: {out[:1000]}"
 
 
-def test_serving_only_install_serves_an_export_made_elsewhere(workdir, export_dir):  # noqa: F811
+def test_serving_only_install_serves_an_export_made_elsewhere(workdir, export_dir):
     repo = clone(workdir / "serving")
     install = command(repo, r"pip install \.$")
     run(install, repo, INSTALL_TIMEOUT)
@@ -153,7 +156,7 @@ def test_serving_only_install_serves_an_export_made_elsewhere(workdir, export_di
         served.stop()
 
 
-def test_export_install_serves_and_runs_the_quality_bench(workdir, export_dir):  # noqa: F811
+def test_export_install_serves_and_runs_the_quality_bench(workdir, export_dir):
     repo = clone(workdir / "export")
     install = command(repo, r"pip install -e '\.\[export\]'")
     assert "download.pytorch.org/whl/cpu" in install, "the export install must name PyTorch's CPU index"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from export_helpers import get_export, padded_batch
+from export_helpers import EXPORTS_ROOT, get_export, padded_batch
 from attnserve.models import variant_names
 from attnserve.models.attention.base import masked_softmax
 from attnserve.models.registry import VARIANTS, build_attention, make_config
@@ -288,7 +288,8 @@ def test_bench_short_inputs_prints_ratios_to_full(tmp_path):
 
     out = subprocess.run(
         [sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--short-inputs", "--variants", "sinkhorn,strided",
-         "--max-length", "256", "--repeats", "2", "--threads", "2", "--json", str(tmp_path / "rows.json")],
+         "--max-length", "256", "--repeats", "2", "--threads", "2", "--json", str(tmp_path / "rows.json"),
+         "--exports-dir", str(EXPORTS_ROOT)],
         capture_output=True, text=True, check=True, timeout=900,
     )
     assert "| variant | exact full attention | 16 tokens | 128 tokens |" in out.stdout
