@@ -15,6 +15,9 @@ from http_server import ServerProcess
 
 from benchmarks.service import free_port
 
+# Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 CAP_BYTES = 2 * 2**30
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
@@ -72,7 +75,11 @@ def test_sparse_map_over_the_budget_is_refused_before_any_work(server):
     warm_attention(server.url)
     r = httpx.post(server.url + "/attention", json={"inputs": document(8000), "layer": 0, "format": "sparse"}, timeout=60)
     assert r.status_code == 413 and "top_k" in r.json()["error"]
-    assert float(r.headers["x-inference-time"]) == 0.0 and float(r.headers["x-total-time"]) < 1000
+    assert float(r.headers["x-inference-time"]) == 0.0
+    # Refused before any work: sooner than a 300-token map that does run is answered, on the same server now.
+    small = httpx.post(server.url + "/attention", json={"inputs": document(300), "layer": 0, "format": "grid"}, timeout=60)
+    assert small.status_code == 200 and float(small.headers["x-inference-time"]) > 0, small.text
+    assert float(r.headers["x-total-time"]) < float(small.headers["x-total-time"]), (r.headers, small.headers)
 
 
 def test_memory_budget_refuses_in_milliseconds():
@@ -84,9 +91,11 @@ def test_memory_budget_refuses_in_milliseconds():
         assert r.status_code == 413, r.text
         body = r.json()["error"]
         assert "800 MB per request" in body and "ATTNSERVE_MAX_REQUEST_MEMORY_MB" in body
-        assert float(r.headers["x-inference-time"]) == 0.0 and float(r.headers["x-total-time"]) < 1000
+        assert float(r.headers["x-inference-time"]) == 0.0
         small = httpx.post(proc.url + "/attention", json={"inputs": document(300), "layer": 1, "format": "grid"}, timeout=60)
-        assert small.status_code == 200
+        assert small.status_code == 200 and float(small.headers["x-inference-time"]) > 0, small.text
+        # In milliseconds: sooner than the 300-token map that does run is answered, on the same server.
+        assert float(r.headers["x-total-time"]) < float(small.headers["x-total-time"]), (r.headers, small.headers)
     finally:
         proc.stop()
 

@@ -9,6 +9,8 @@ import httpx
 import pytest
 from http_server import start_fake_server, terminate_while_busy, wait_in_flight
 
+from benchmarks.service import metric_value
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -83,7 +85,8 @@ def test_inference_does_not_block_the_event_loop():
         # While the model runs, the loop still answers (and tokenizes) other requests.
         assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
         assert httpx.post(proc.url + "/tokenize", json={"inputs": "other"}, timeout=10).status_code == 200
-        assert not done.is_set()
+        # ... and /metrics too, which says the slow one has not been answered yet.
+        assert metric_value(proc.url, "attnserve_requests_success_total", route="/embed") == 0
         worker.join(60)
         assert done.is_set()
     finally:
