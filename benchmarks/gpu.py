@@ -227,16 +227,18 @@ def write_stand_in_tokenizer(directory: Path) -> Path:
 def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threads: int, tokenizer_dir: str) -> dict:
     """In a worker process: export the seeded encoder's embedding graph (no analysis graph, no
     CPU parity check: the run compares ONNX Runtime with PyTorch itself, on the device).
-    An export of the same variant, length and seed already in out_dir is reused."""
+    An export of the same variant, length and seed, made by the same models code (its sha256),
+    already in out_dir is reused."""
     from unittest import mock
 
     import torch
 
     from attnserve.models import export
-    from attnserve.service.contract.export_format import ExportError, read_manifest
+    from attnserve.service.contract.export_format import ExportError, code_sha256, read_manifest
 
     out = Path(out_dir)
-    stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}"}
+    stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}",
+             "code_sha256": code_sha256()}
     stamp_path = out / "bench-weights.json"
     if stamp_path.is_file():
         old = json.loads(stamp_path.read_text())
@@ -666,7 +668,8 @@ def run(args) -> dict:
     progress = Progress(len(names) * 2, "gpu bench")
     try:
         started = time.perf_counter()
-        exports = export_all(names, max_length, out / "exports", args.seed, jobs, progress)
+        exports_dir = Path(args.exports_dir) if args.exports_dir else out / "exports"
+        exports = export_all(names, max_length, exports_dir, args.seed, jobs, progress)
         result["export_seconds"] = round(time.perf_counter() - started, 1)
         device = Device(dry)
         plan = {"docs": args.docs, "doc_tokens": args.doc_tokens, "batch_sizes": batch_sizes}
@@ -681,7 +684,7 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             try:
                 rows, reference = eager_figures(variant, max_length, lengths, args.seed, args.repeats, device, progress)
-                ort = ort_figures(variant, out / "exports" / variant, lengths, reference, args.repeats, device, plan, progress)
+                ort = ort_figures(variant, exports_dir / variant, lengths, reference, args.repeats, device, plan, progress)
             except Exception as exc:  # e.g. ONNX Runtime refusing the graph on CUDA: the other variants still run
                 entry["errors"].append(f"{type(exc).__name__}: {str(exc)[:600]}")
                 progress.write(f"{variant}: {entry['errors'][-1]}")
@@ -817,6 +820,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--export-jobs", type=int, default=0, help="exports at a time (default: half the CPU cores, at most one per variant)")
     parser.add_argument("--out", default="reports/gpu", help="directory for gpu.json and the exports (default reports/gpu)")
+    parser.add_argument("--exports-dir", help="where the exports are made, and reused by later runs (default OUT/exports)")
     parser.add_argument("--dry-run", action="store_true", help="run every step on the CPU with tiny sizes (CI)")
     parser.add_argument("--tables", metavar="GPU_JSON", help="only print the markdown tables of an earlier run's gpu.json")
     args = parser.parse_args(argv)
