@@ -27,7 +27,7 @@ UNUSED_DAYS = 14  # exports of code no run has used for this long are removed
 _ENCODERS: dict[tuple, object] = {}
 
 
-def export_path(variant: str, max_length: int, *, analysis: bool = True, params: dict | None = None, weights=None) -> Path:
+def export_path(variant: str, max_length: int, *, analysis: bool = True, params: dict | None = None) -> Path:
     """The cached export (made now if missing) of `variant` at `max_length`; the tests compare
     ONNX Runtime with PyTorch themselves, so the export-time check is skipped."""
     import torch
@@ -35,8 +35,7 @@ def export_path(variant: str, max_length: int, *, analysis: bool = True, params:
     from attnserve.models.export import cached_export
 
     torch.set_num_threads(2)
-    return cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=analysis, verify=False, weights=weights,
-                         log=lambda message: None)
+    return cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=analysis, verify=False, log=lambda message: None)
 
 
 def get_export(variant: str, max_length: int, analysis: bool = False, **params):
