@@ -57,7 +57,7 @@ def configure(parser):
     parser.add_argument("--opening-tokens", type=int, default=256, help="pooling=opening: tokens in the opening")
     parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE", help="override a variant parameter (repeatable)")
     parser.add_argument("--weights", action="append", default=[], metavar="VARIANT=DIR",
-                        help="run VARIANT with the adapted weights in DIR (`attnserve adapt --out DIR`); its rows are named VARIANT+adapted (repeatable)")
+                        help="run VARIANT with the adapted weights in DIR (`attnserve adapt variant --out DIR`); its rows are named VARIANT+adapted (repeatable)")
     parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True, help="also score the 512-token-server baselines")
     parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
     parser.add_argument("--by-layer", action="store_true", help="also each variant's cosine to full on the first 512 tokens "

@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from attnserve.service.backend import Runner
 from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
+from attnserve.service.context import LearnedPooling
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
@@ -46,9 +47,25 @@ def load_runner(settings: Settings) -> tuple[Runner, Path]:
     return runner, export_dir / TOKENIZER_FILE
 
 
-def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None) -> FastAPI:
-    """The service. `runner` (a service.backend.Runner) and `tokenizer_path` are
-    for tests; by default both come from the export named by `settings`."""
+def load_heads(settings: Settings, runner: Runner):
+    """The deployment's context heads (service.context.deployment_heads), checked against the
+    settings that need them: ContextHeadError (a ValueError) naming what to change."""
+    from attnserve.service.contract.context_format import ContextHeadError
+    from attnserve.service.context import deployment_heads
+
+    heads = deployment_heads(settings.context_heads, runner.variant, int(runner.manifest.get("hidden_size", 384)), log.info)
+    for setting, value, kind in (("pooling", settings.pooling, "pooling"), ("chunk_context", settings.chunk_context, "chunks")):
+        if value == "learned" and (heads is None or kind not in heads.kinds):
+            where = f"{heads.folder} has no {kind} head" if heads else "this deployment has no context heads"
+            raise ContextHeadError(f"{setting}=learned, but {where}: pass --context-heads DIR with one "
+                                   f"(`attnserve adapt train --out DIR`), or another {setting}")
+    return heads
+
+
+def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None, heads=False) -> FastAPI:
+    """The service. `runner` (a service.backend.Runner), `tokenizer_path` and `heads` (context
+    heads, or None for none) are for tests and `attnserve serve`; by default all come from the
+    export and the context heads named by `settings`."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -58,6 +75,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
         if runner is None:
             runner, exported_tokenizer = await asyncio.to_thread(load_runner, settings)
             path = path or exported_tokenizer
+        context_heads = heads if heads is not False else await asyncio.to_thread(load_heads, settings, runner)
         max_length = min(settings.max_length, runner.max_length)
         metrics = ServiceMetrics(runner.variant)
         batcher = TokenBudgetBatcher(
@@ -68,7 +86,8 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             on_queue_change=metrics.queue_depth.set,
             on_batch=metrics.inputs_run.inc,
             max_queued_tokens=settings.max_queued_tokens,
-            pooling=Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
+            pooling=LearnedPooling(context_heads) if settings.pooling == "learned"
+            else Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
@@ -78,6 +97,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             metrics=metrics,
             max_length=max_length,
             tokenization_pool=pool,
+            context_heads=context_heads,
         )
         # One tiny batch before the first request, so it does not pay ONNX Runtime's first-run setup.
         tokenizer = app.state.service.tokenizer

@@ -30,8 +30,11 @@ COMMANDS: list[Command] = [
     # the encoder (models/) and its benchmarks (benchmarks/): variants, benchmarks, adaptation
     Command(("variants",), "list the attention variants and their parameters", None, "attnserve.models.cli:variants_command"),
     Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "attnserve.service.bench:encoder.configure_bench_encoder", "attnserve.service.bench:encoder.bench_encoder"),
-    Command(("adapt",), "train what a variant adds to the pretrained model (distillation), within a time budget", "attnserve.models.adapt:configure", "attnserve.models.adapt:adapt_command"),
+    Command(("adapt", "variant"), "train what a variant adds to the pretrained model (distillation), within a time budget", "attnserve.models.adapt:configure", "attnserve.models.adapt:adapt_command"),
+    Command(("adapt", "cache"), "run the frozen encoder once over training documents and store what the context heads learn from", "attnserve.models.context_cache:configure", "attnserve.models.context_cache:cache_command"),
+    Command(("adapt", "train"), "learn context heads (chunk vectors with context, learned pooling) on a cache, in minutes", "attnserve.models.context_train:configure", "attnserve.models.context_train:train_command"),
     Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "attnserve.service.bench:quality.configure", "attnserve.service.bench:quality.quality_command"),
+    Command(("bench", "context"), "what document context buys chunk vectors and one-vector documents, from a cache, and its cost", "attnserve.service.bench:context.configure", "attnserve.service.bench:context.bench_context_command"),
     # ONNX export and its runtime benchmark (models/export.py, benchmarks/runtime.py)
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "attnserve.models.export:configure_export", "attnserve.models.export:export_command"),
     Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "attnserve.service.bench:runtime.configure_bench_runtime", "attnserve.service.bench:runtime.bench_runtime_command"),

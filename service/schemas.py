@@ -141,7 +141,15 @@ class EmbedChunksRequest(_Strict):
         "one such list per input for a list; in order, not overlapping, each holding at least one token",
     )
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413; chunks then cover the kept part")
-    normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are")
+    normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are "
+                            "(learned vectors are unit length either way)")
+    context: Literal["none", "late", "learned"] | None = Field(
+        None,
+        description="how chunk vectors get their document's context: none (each chunk embedded alone, as a 512-token server "
+        "does), late (each chunk the mean of its tokens from one pass over the whole document) or learned (the "
+        "deployment's context head mixing both; a document of one chunk keeps its naive vector). Null: the deployment's "
+        "default, which /info states",
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -298,7 +306,7 @@ class BatchingLimits(BaseModel):
 
 
 class PoolingInfo(BaseModel):
-    mode: Literal["mean", "cls", "opening"]
+    mode: Literal["mean", "cls", "opening", "learned"]
     opening_weight: float | None = Field(None, description="pooling=opening only")
     opening_tokens: int | None = Field(None, description="pooling=opening only")
 
@@ -317,6 +325,9 @@ class InfoResponse(BaseModel):
     model_sha256: str | None
     weights_sha256: str | None = Field(None, description="sha256 of the adapted weights the export carries (null: the pretrained model's)")
     batching: BatchingLimits
+    chunk_context: Literal["none", "late", "learned"] = Field(description="/embed_chunks' context when a request names none")
+    context_heads: dict | None = Field(None, description="the context heads served (folder, the variant they were learned on, "
+                                       "chunk_tokens, design per kind); null: none")
     version: str
 
 

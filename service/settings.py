@@ -31,10 +31,12 @@ class Settings(BaseSettings):
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "opening"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
+    pooling: Literal["mean", "cls", "opening", "learned"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean), or learned (the context heads' pooling head; texts of at most one chunk get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
+    context_heads: Path | None = Field(None, description="context-head folder (`attnserve adapt train --out DIR`) for /embed_chunks' learned context and pooling=learned (none: the shipped weights/context heads where this deployment runs the variant they were learned on)")
+    chunk_context: Literal["none", "late", "learned"] | None = Field(None, description="/embed_chunks' context when a request names none: none (each chunk embedded alone), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads) (none: learned where the deployment has a chunk head, else late)")
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")
@@ -64,7 +66,7 @@ class Settings(BaseSettings):
     max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
-    @field_validator("models_dir", "export_dir", "weights")
+    @field_validator("models_dir", "export_dir", "weights", "context_heads")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

@@ -12,6 +12,7 @@ from fastapi import Request
 from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
 from attnserve.service.backend import Runner
 from attnserve.service.batching import Timings, TokenBudgetBatcher
+from attnserve.service.context import ContextHeads
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.service.contract.pooling import Pooling
@@ -27,6 +28,14 @@ class ServiceState:
     metrics: ServiceMetrics
     max_length: int
     tokenization_pool: ThreadPoolExecutor = field(repr=False, default=None)
+    context_heads: ContextHeads | None = None  # service.context: learned chunk context and pooling
+
+    @property
+    def chunk_context(self) -> str:
+        """/embed_chunks' context when a request names none."""
+        if self.settings.chunk_context:
+            return self.settings.chunk_context
+        return "learned" if self.context_heads and "chunks" in self.context_heads.kinds else "late"
 
     @property
     def runner(self) -> Runner:

@@ -162,7 +162,7 @@ def test_end_to_end_distillation_starts_from_weights_and_keeps_what_it_does_not_
 
 def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
+        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
                               capture_output=True, text=True)
 
     fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))

@@ -49,7 +49,7 @@ class AttentionConfig:
         "interpolated": position i / s, linearly interpolated between its two neighbouring
         rows. s = max(1, ceil(n / 512)) per document, so every scheme gives the pretrained
         positions to documents of up to 512 tokens. "learned": row i mod 512 plus, for tokens
-        past 512 only, a learned offset per row (zero until `attnserve adapt --stage long`
+        past 512 only, a learned offset per row (zero until `attnserve adapt variant --stage long`
         trains it; 512 x hidden parameters whatever max_length is).
     position_period: the recurrent scheme's period; 512 tiles the pretrained table
         (Longformer's choice), 256 restarts it in every 256-token block (what chunked

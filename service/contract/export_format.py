@@ -35,7 +35,7 @@ GRAPH_FILES = ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.
 INPUT_NAMES = ["input_ids", "attention_mask"]
 EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
 MIN_LENGTH = 2
-# Adapted weights (`attnserve adapt --out DIR`): DIR holds these two; an export made with them
+# Adapted weights (`attnserve adapt variant --out DIR`): DIR holds these two; an export made with them
 # carries DIR's adapt.json, and serving names its cache entry by the weights' sha256.
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "adapt.json"
@@ -216,7 +216,7 @@ def code_sha256() -> str:
     """sha256 of the sources of the `models` package (what builds an export's graphs), read as
     files beside this package's (one distribution installs both), so that a machine without
     torch, where `models` cannot be imported, computes it too."""
-    root = Path(__file__).resolve().parents[1] / "models"
+    root = Path(__file__).resolve().parents[2] / "models"
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -290,9 +290,9 @@ def weights_file(weights_dir) -> Path:
     """DIR/weights.safetensors, checked to exist (WeightsError naming what is missing)."""
     weights_dir = Path(weights_dir)
     if not weights_dir.is_dir():
-        raise WeightsError(f"{weights_dir}: no such weights directory; pass a directory written by `attnserve adapt --out DIR`")
+        raise WeightsError(f"{weights_dir}: no such weights directory; pass a directory written by `attnserve adapt variant --out DIR`")
     path = weights_dir / WEIGHTS_FILE
     if not path.is_file():
         raise WeightsError(f"{path}: missing; a weights directory holds {WEIGHTS_FILE} (and {META_FILE}) "
-                           f"as `attnserve adapt --out DIR` writes them")
+                           f"as `attnserve adapt variant --out DIR` writes them")
     return path

@@ -50,6 +50,8 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
             max_client_batch_size=s.max_client_batch_size,
             max_body_bytes=s.max_body_bytes,
         ),
+        chunk_context=service.chunk_context,
+        context_heads=service.context_heads.describe() if service.context_heads else None,
         version=VERSION,
     )
 
