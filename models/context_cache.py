@@ -222,8 +222,9 @@ def configure(parser) -> None:
     from attnserve.models.documents import TRAIN_DOCUMENTS
 
     parser.add_argument("--data", action="append", default=[],
-                        help="training documents, .jsonl or .jsonl.gz with 'text' and 'query' (repeatable; default: the bundled "
-                             "data/longdocs-train.jsonl.gz). Never the documents you report quality on")
+                        help="documents, .jsonl or .jsonl.gz with 'text' and 'query' (repeatable; default: the bundled "
+                             "data/longdocs-train.jsonl.gz): training documents for `adapt train`, or a report set for "
+                             "`bench context`; never train on the documents you report on")
     parser.add_argument("--out", required=True, help="cache folder (one per --data file: FOLDER/<file name>)")
     parser.add_argument("--variant", default="longformer", help="the deployment's attention variant (default longformer)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")

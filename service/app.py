@@ -48,12 +48,14 @@ def load_runner(settings: Settings) -> tuple[Runner, Path]:
 
 
 def load_heads(settings: Settings, runner: Runner):
-    """The deployment's context heads (service.context.deployment_heads), checked against the
-    settings that need them: ContextHeadError (a ValueError) naming what to change."""
+    """The context heads of settings.context_heads (None without), checked against this export
+    and the settings that need them: ContextHeadError (a ValueError) naming what to change."""
     from attnserve.service.contract.context_format import ContextHeadError
-    from attnserve.service.context import deployment_heads
+    from attnserve.service.context import ContextHeads
 
-    heads = deployment_heads(settings.context_heads, runner.variant, int(runner.manifest.get("hidden_size", 384)), log.info)
+    heads = None
+    if settings.context_heads is not None:
+        heads = ContextHeads(settings.context_heads, runner.variant, int(runner.manifest.get("hidden_size", 384)))
     for setting, value, kind in (("pooling", settings.pooling, "pooling"), ("chunk_context", settings.chunk_context, "chunks")):
         if value == "learned" and (heads is None or kind not in heads.kinds):
             where = f"{heads.folder} has no {kind} head" if heads else "this deployment has no context heads"

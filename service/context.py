@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.service.contract.context_format import SPEC_FILE, GRAPH_INPUTS, GRAPH_OUTPUTS, check_deployment, read_spec
+from attnserve.service.contract.context_format import GRAPH_INPUTS, GRAPH_OUTPUTS, check_deployment, read_spec
 from attnserve.service.contract.pooling import Pooling
 
 
@@ -75,23 +75,3 @@ class LearnedPooling:
         if self.heads.covers(len(hidden)):
             return self.heads.pool(hidden)  # unit length whatever `normalize` says
         return self._mean(hidden, normalize)
-
-
-# The heads that ship with attnserve (`attnserve adapt train --out weights/context`), found
-# beside the packages in a checkout or an image that copies weights/.
-SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "weights" / "context"
-
-
-def deployment_heads(folder: Path | None, variant: str, hidden_size: int, log=None) -> ContextHeads | None:
-    """The heads a deployment serves: `folder` when given (ContextHeadError if it cannot serve
-    this variant), else the shipped heads when they were learned on this variant, else None."""
-    if folder is not None:
-        return ContextHeads(folder, variant, hidden_size)
-    if not (SHIPPED_HEADS / SPEC_FILE).is_file():
-        return None
-    spec = read_spec(SHIPPED_HEADS)
-    if spec.variant != variant or spec.hidden_size != hidden_size:
-        if log:
-            log(f"no context heads: the shipped ones ({SHIPPED_HEADS}) were learned on {spec.variant}, this deployment runs {variant}")
-        return None
-    return ContextHeads(SHIPPED_HEADS, variant, hidden_size)

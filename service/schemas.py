@@ -3,8 +3,9 @@
 The OpenAPI schema states what each route accepts, so that a request the schema allows is
 answered 2xx (or a limit it documents: 413, 429) and one it forbids is refused with 422. Bounds
 that only the loaded model and the settings know (vocabulary, hidden size, layers, heads, inputs
-per request) are marked here with `x-deployment-maximum` / `x-deployment-maxItems` and filled in
-by `fill_deployment_bounds` once the service has loaded; the routes check the same bounds.
+per request, the chunk contexts it serves) are marked here with `x-deployment-maximum` /
+`x-deployment-maxItems` / `x-deployment-enum` and filled in by `fill_deployment_bounds` once the
+service has loaded; the routes check the same bounds.
 """
 from __future__ import annotations
 
@@ -54,10 +55,15 @@ def deployment_max_items(bound: str) -> dict:
     return {"x-deployment-maxItems": bound}
 
 
-_MARKERS = {"x-deployment-maximum": "maximum", "x-deployment-maxItems": "maxItems"}
+def deployment_enum(bound: str) -> dict:
+    """Schema marker: this string's allowed values are the deployment's `bound`."""
+    return {"x-deployment-enum": bound}
 
 
-def fill_deployment_bounds(schema: Any, bounds: dict[str, int]) -> Any:
+_MARKERS = {"x-deployment-maximum": "maximum", "x-deployment-maxItems": "maxItems", "x-deployment-enum": "enum"}
+
+
+def fill_deployment_bounds(schema: Any, bounds: dict[str, Any]) -> Any:
     """Replace every deployment marker in `schema` (in place) by its keyword with the value
     `bounds` names; idempotent, as the markers are gone once filled."""
     if isinstance(schema, dict):
@@ -143,12 +149,12 @@ class EmbedChunksRequest(_Strict):
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413; chunks then cover the kept part")
     normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are "
                             "(learned vectors are unit length either way)")
-    context: Literal["none", "late", "learned"] | None = Field(
+    context: Annotated[Literal["none", "late", "learned"], Field(json_schema_extra=deployment_enum("contexts"))] | None = Field(
         None,
         description="how chunk vectors get their document's context: none (each chunk embedded alone, as a 512-token server "
         "does), late (each chunk the mean of its tokens from one pass over the whole document) or learned (the "
-        "deployment's context head mixing both; a document of one chunk keeps its naive vector). Null: the deployment's "
-        "default, which /info states",
+        "deployment's context head mixing both; a document of one chunk keeps its naive vector), of those this "
+        "deployment serves (/info's chunk_contexts). Null: the deployment's default, /info's chunk_context",
     )
 
     @model_validator(mode="after")
@@ -326,6 +332,7 @@ class InfoResponse(BaseModel):
     weights_sha256: str | None = Field(None, description="sha256 of the adapted weights the export carries (null: the pretrained model's)")
     batching: BatchingLimits
     chunk_context: Literal["none", "late", "learned"] = Field(description="/embed_chunks' context when a request names none")
+    chunk_contexts: list[Literal["none", "late", "learned"]] = Field(description="the contexts /embed_chunks serves here")
     context_heads: dict | None = Field(None, description="the context heads served (folder, the variant they were learned on, "
                                        "chunk_tokens, design per kind); null: none")
     version: str

@@ -35,8 +35,8 @@ class Settings(BaseSettings):
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
-    context_heads: Path | None = Field(None, description="context-head folder (`attnserve adapt train --out DIR`) for /embed_chunks' learned context and pooling=learned (none: the shipped weights/context heads where this deployment runs the variant they were learned on)")
-    chunk_context: Literal["none", "late", "learned"] | None = Field(None, description="/embed_chunks' context when a request names none: none (each chunk embedded alone), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads) (none: learned where the deployment has a chunk head, else late)")
+    context_heads: Path | None = Field(None, description="context-head folder (`attnserve adapt train --out DIR`) for /embed_chunks' learned context and pooling=learned (none: no context heads)")
+    chunk_context: Literal["none", "late", "learned"] = Field("none", description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured, README's \"Context for chunks\"), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads)")
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")
@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body in bytes; larger get 413")
     max_attention_entries: int = Field(2_000_000, ge=1, description="largest sparse attention answer (non-zeros); ask for top_k or grid beyond it")
     max_request_memory_mb: int = Field(1024, ge=1, description="memory one request may need for its model outputs and its answer, estimated before any work; larger get 413")
-    max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds (all its inputs together)")
+    max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds, and most chunk vectors one /embed_chunks answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
     @field_validator("models_dir", "export_dir", "weights", "context_heads")

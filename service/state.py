@@ -33,9 +33,13 @@ class ServiceState:
     @property
     def chunk_context(self) -> str:
         """/embed_chunks' context when a request names none."""
-        if self.settings.chunk_context:
-            return self.settings.chunk_context
-        return "learned" if self.context_heads and "chunks" in self.context_heads.kinds else "late"
+        return self.settings.chunk_context
+
+    @property
+    def chunk_contexts(self) -> list[str]:
+        """The contexts /embed_chunks serves: learned only with a chunk context head."""
+        learned = self.context_heads is not None and "chunks" in self.context_heads.kinds
+        return ["none", "late", "learned"] if learned else ["none", "late"]
 
     @property
     def runner(self) -> Runner:

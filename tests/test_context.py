@@ -92,7 +92,7 @@ def test_onnx_heads_equal_pytorch_on_cached_states(trained):
 @pytest.fixture(scope="module")
 def server(trained, export_dir):
     _, heads = trained
-    proc = start_real_server(export_dir, "--context-heads", str(heads), "--pooling", "learned")
+    proc = start_real_server(export_dir, "--context-heads", str(heads), "--pooling", "learned", "--chunk-context", "learned")
     try:
         yield proc
     finally:
@@ -109,6 +109,9 @@ def test_served_contexts_and_the_head_match_pytorch(server, trained):
     _, folder = trained
     info = post_get(server, "/info")
     assert info["chunk_context"] == "learned" and info["pooling"]["mode"] == "learned"
+    assert info["chunk_contexts"] == ["none", "late", "learned"]
+    schema = post_get(server, "/openapi.json")["components"]["schemas"]["EmbedChunksRequest"]["properties"]["context"]
+    assert schema["anyOf"][0]["enum"] == ["none", "late", "learned"]
     assert info["context_heads"]["heads"] == {"chunks": "attend", "pooling": "attention-pooling"}
     by_context = {c: np.array([x["embedding"] for x in post(server, "/embed_chunks", {"inputs": LONG, "context": c})[0]])
                   for c in ("none", "late", "learned")}
@@ -150,7 +153,10 @@ def post_get(server, route):
 def test_learned_context_without_heads_is_a_422_naming_the_field():
     app = create_app(Settings(max_length=512), runner=FakeRunner(max_length=512), tokenizer_path=tokenizer_json())
     with TestClient(app) as client:
-        assert client.get("/info").json()["chunk_context"] == "late"
+        info = client.get("/info").json()
+        assert info["chunk_context"] == "none" and info["chunk_contexts"] == ["none", "late"]
+        context = client.get("/openapi.json").json()["components"]["schemas"]["EmbedChunksRequest"]["properties"]["context"]
+        assert context["anyOf"][0]["enum"] == ["none", "late"]
         r = client.post("/embed_chunks", json={"inputs": "a b c", "context": "learned"})
         assert r.status_code == 422 and "context" in r.json()["error"]
         assert client.post("/embed_chunks", json={"inputs": "a b c", "context": "sideways"}).status_code == 422

@@ -54,11 +54,11 @@ def texts(export):
 def test_embed_chunks_from_onnx_equals_pytorch(client, export, texts):
     _, encoder = export
     expected = encoder.embed_chunks(texts, chunk_tokens=256, overlap_tokens=32)
-    batched = client.post("/embed_chunks", json={"inputs": texts, "chunk_tokens": 256, "overlap_tokens": 32})
+    batched = client.post("/embed_chunks", json={"inputs": texts, "chunk_tokens": 256, "overlap_tokens": 32, "context": "late"})
     assert batched.status_code == 200, batched.text
     assert [len(c) for c in expected] == [1, 7, 23]
     for index, (want, got) in enumerate(zip(expected, batched.json())):
-        alone = client.post("/embed_chunks", json={"inputs": texts[index], "chunk_tokens": 256, "overlap_tokens": 32}).json()[0]
+        alone = client.post("/embed_chunks", json={"inputs": texts[index], "chunk_tokens": 256, "overlap_tokens": 32, "context": "late"}).json()[0]
         for answer in (got, alone):
             assert [(c["start"], c["end"]) for c in answer] == [(c.start, c.end) for c in want]
             diff = np.abs(np.array([c["embedding"] for c in answer]) - np.stack([c.embedding.numpy() for c in want])).max()
@@ -81,7 +81,7 @@ def test_spans_from_onnx_equal_pytorch(client, export, texts):
     cuts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "." and i + 1 < len(text)][::6] + [len(text)]
     spans = [[a, b] for a, b in zip(cuts, cuts[1:]) if text[a:b].strip()]
     (want,) = encoder.embed_chunks([text], spans=[spans])
-    (got,) = client.post("/embed_chunks", json={"inputs": text, "spans": spans}).json()
+    (got,) = client.post("/embed_chunks", json={"inputs": text, "spans": spans, "context": "late"}).json()
     assert [[c["start"], c["end"]] for c in got] == spans == [[c.start, c.end] for c in want]
     assert np.abs(np.array([c["embedding"] for c in got]) - np.stack([c.embedding.numpy() for c in want])).max() <= 1e-4
 

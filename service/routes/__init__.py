@@ -18,7 +18,7 @@ TEI_ERRORS = {code: {"model": TEIError, "description": text} for code, text in _
 OPENAI_ERRORS = {code: {"model": OpenAIError, "description": text} for code, text in _ERRORS.items()}
 
 
-def deployment_bounds(service) -> dict[str, int]:
+def deployment_bounds(service) -> dict:
     """The values of the schema's deployment markers (service.schemas) for a loaded service."""
     return {
         "vocab_max": service.tokenizer.vocab_size - 1,
@@ -26,6 +26,7 @@ def deployment_bounds(service) -> dict[str, int]:
         "layer_max": service.num_layers - 1,
         "head_max": service.num_heads - 1,
         "max_inputs": service.settings.max_client_batch_size,
+        "contexts": service.chunk_contexts,
     }
 
 

@@ -29,7 +29,7 @@ async def embed_chunks(body: EmbedChunksRequest, service: ServiceState = Depends
     learned, the context head's mix of the two and of the document's mean."""
     context = body.context or service.chunk_context
     heads = service.context_heads
-    if context == "learned" and (heads is None or "chunks" not in heads.kinds):
+    if context not in service.chunk_contexts:
         raise ServiceError(422, "context: learned needs a chunk context head, which this deployment does not serve "
                            "(/info's context_heads); send context none or late, or serve with --context-heads DIR",
                            "validation", "context")
@@ -47,6 +47,10 @@ async def embed_chunks(body: EmbedChunksRequest, service: ServiceState = Depends
         except BadSpans as exc:
             where = f"input {index}: " if len(texts) > 1 else ""
             raise ServiceError(422, f"spans: {where}{exc}", "validation", "spans") from None
+    count, limit = sum(len(b) for b in bounds), service.settings.max_token_vectors
+    if count > limit:
+        raise ServiceError(413, f"this request would return {count} chunk vectors, more than this server sends at once ({limit}, "
+                           "ATTNSERVE_MAX_TOKEN_VECTORS); send a larger chunk_tokens, fewer spans or fewer inputs", "too_long", "chunk_tokens")
     ids = [t.ids for t in tokenized]
     if context == "late":
         reducers = [functools.partial(pool_chunks, chunks=b, normalize=body.normalize) for b in bounds]

@@ -51,6 +51,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
             max_body_bytes=s.max_body_bytes,
         ),
         chunk_context=service.chunk_context,
+        chunk_contexts=service.chunk_contexts,
         context_heads=service.context_heads.describe() if service.context_heads else None,
         version=VERSION,
     )
