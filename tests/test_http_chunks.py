@@ -78,6 +78,15 @@ def test_normalize_false_and_truncate(client):
     assert len(chunks) == 6 and chunks[-1]["end"] == len("word " * 510) - 1
 
 
+def test_an_answer_of_more_chunk_vectors_than_max_token_vectors_is_413(client):
+    body = {"inputs": ["word " * 400] * 2, "chunk_tokens": 1}
+    r = client.post("/embed_chunks", json=body)
+    assert r.status_code == 413 and "800 chunk vectors" in r.json()["error"] and "(600" in r.json()["error"], r.text
+    assert r.json()["error_type"] == "Validation"
+    (chunks,) = chunks_of(client, inputs="word " * 400, chunk_tokens=1)
+    assert len(chunks) == 400  # [CLS] joins the first word, [SEP] the last
+
+
 @pytest.mark.parametrize("body, says", [
     ({"chunk_tokens": 0}, "chunk_tokens"),
     ({"chunk_tokens": -3}, "chunk_tokens"),
