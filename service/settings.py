@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
     context_heads: Path | None = Field(None, description="context-head folder (`attnserve adapt train --out DIR`) for /embed_chunks' learned context and pooling=learned (none: no context heads)")
-    chunk_context: Literal["none", "late", "learned"] = Field("none", description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured, README's \"Context for chunks\"), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads)")
+    chunk_context: Literal["none", "late", "learned"] = Field("none", description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured on the bundled man pages, and the cheapest), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads)")
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")

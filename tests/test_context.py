@@ -186,3 +186,21 @@ def test_train_refuses_bad_designs(trained, capsys):
     cache, _ = trained
     assert "both chunks heads" in refusal(capsys, "adapt", "train", "--cache", str(cache), "--out", "unused", "--designs", "mix,attend")
     assert "unknown design 'telepathy'" in refusal(capsys, "adapt", "train", "--cache", str(cache), "--out", "unused", "--designs", "telepathy")
+
+
+def test_bench_context_scores_and_times_every_representation(trained):
+    cache, heads = trained
+    run = cli("bench", "context", "--cache", str(cache), "--heads", str(heads), "--timing-docs", "2", "--repeats", "1",
+              "--data", str(cache_data(cache)), "--models-dir", str(EXPORTS_ROOT))
+    assert run.returncode == 0, run.stderr
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in run.stdout.splitlines() if line.startswith("| ")}
+    for key in [("chunks MaxP", "naive"), ("chunks MaxP", "late"), ("chunks MaxP", f"learned {heads.name}"),
+                ("one vector", "opening 0.35"), ("one vector", f"learned pooling {heads.name}")]:
+        mrrs = [float(x) for x in rows[key].strip("|").split("|")[2:]]
+        assert len(mrrs) == 2 and all(1 / 3 <= m <= 1 for m in mrrs), rows[key]  # 3 documents: MRR is 1/3 at worst
+    timed = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in run.stdout.splitlines() if line.count("|") == 4}
+    assert timed["naive chunks"] == "1.00" and {"late chunks", "learned chunks", "long pass, learned pooling"} <= set(timed)
+
+
+def cache_data(cache):
+    return json.loads((cache / "cache.json").read_text())["data"]
