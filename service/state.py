@@ -83,6 +83,14 @@ class ServiceState:
                 param,
             )
 
+    def check_vector_count(self, n: int, kind: str, remedy: str, param: str) -> None:
+        """413 before any work when an answer would hold more than max_token_vectors vectors
+        (`kind`: "token" or "chunk"); `remedy` says what to send instead."""
+        limit = self.settings.max_token_vectors
+        if n > limit:
+            raise ServiceError(413, f"this request would return {n} {kind} vectors, more than this server sends at once ({limit}, "
+                               f"ATTNSERVE_MAX_TOKEN_VECTORS); {remedy}", "too_long", param)
+
     async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True,
                        keep_end: bool = False, remedy: str | None = None) -> list[Tokenized]:
         """Tokenize in the tokenization thread pool, recording each input's length in timings;

@@ -47,10 +47,7 @@ async def embed_chunks(body: EmbedChunksRequest, service: ServiceState = Depends
         except BadSpans as exc:
             where = f"input {index}: " if len(texts) > 1 else ""
             raise ServiceError(422, f"spans: {where}{exc}", "validation", "spans") from None
-    count, limit = sum(len(b) for b in bounds), service.settings.max_token_vectors
-    if count > limit:
-        raise ServiceError(413, f"this request would return {count} chunk vectors, more than this server sends at once ({limit}, "
-                           "ATTNSERVE_MAX_TOKEN_VECTORS); send a larger chunk_tokens, fewer spans or fewer inputs", "too_long", "chunk_tokens")
+    service.check_vector_count(sum(len(b) for b in bounds), "chunk", "send a larger chunk_tokens, fewer spans or fewer inputs", "chunk_tokens")
     ids = [t.ids for t in tokenized]
     if context == "late":
         reducers = [functools.partial(pool_chunks, chunks=b, normalize=body.normalize) for b in bounds]

@@ -32,10 +32,7 @@ async def embed_all(body: EmbedAllRequest, service: ServiceState = Depends(get_s
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
     tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.keeps_end)
-    total, limit = sum(timings.input_tokens), service.settings.max_token_vectors
-    if total > limit:
-        raise ServiceError(413, f"this request would return {total} token vectors, more than this server sends at once ({limit}, "
-                           "ATTNSERVE_MAX_TOKEN_VECTORS); send fewer or shorter inputs, or use /embed_chunks", "too_long", "inputs")
+    service.check_vector_count(sum(timings.input_tokens), "token", "send fewer or shorter inputs, or use /embed_chunks", "inputs")
     states = await run_reduce(service, [t.ids for t in tokenized], [_json_array] * len(tokenized), timings, "inputs")
     return Response(b"[" + b",".join(states) + b"]", media_type="application/json")
 
