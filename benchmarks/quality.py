@@ -48,6 +48,9 @@ def configure(parser):
 
     parser.add_argument("--data", default=str(DEV_DOCUMENTS), help="JSONL (or .jsonl.gz) with a 'text' per line, optional 'query' and 'needle'")
     parser.add_argument("--variants", default=",".join(variant_names()), help="comma-separated variants ('' for baselines only)")
+    parser.add_argument("--schedule", action="append", default=[], metavar="SCHEDULE",
+                        help="also score this schedule, a variant per layer (e.g. linformer*5,longformer; repeatable); "
+                             "--param SCHEDULE.KEY=VALUE and --weights SCHEDULE=DIR name it as written")
     parser.add_argument("--max-length", type=int, default=4096, help="documents are cut at this many tokens")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N documents (0 = all)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="document tokens per chunk (naive and late chunks alike)")
@@ -218,7 +221,7 @@ def quality_command(args) -> int:
         if not name:
             raise SystemExit(f"--param wants VARIANT.KEY=VALUE (got {item!r})")
         params.setdefault(variant, {})[name] = value
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [v for v in args.variants.split(",") if v] + list(args.schedule)
     weights_dirs = parse_weights(args.weights, variants)
     print(f"{len(rows)} documents from {args.data}, cut at {args.max_length} tokens; chunks of {args.chunk_tokens} tokens"
           f"{f', overlap {args.overlap_tokens}' if args.overlap_tokens else ''}", flush=True)

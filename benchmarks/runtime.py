@@ -42,6 +42,8 @@ SHORT_TARGET = 1.1  # latency ratio to full a variant exact on an input should s
 
 def configure_bench_runtime(parser) -> None:
     parser.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
+    parser.add_argument("--schedule", action="append", default=[], metavar="SCHEDULE",
+                        help="also time this schedule, a variant per layer (e.g. linformer*5,longformer; repeatable)")
     parser.add_argument("--lengths", default=None,
                         help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_LENGTHS))}; "
                              f"{','.join(map(str, SHORT_LENGTHS))} with --short-inputs)")
@@ -93,9 +95,9 @@ def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) 
     against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
     scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
     from attnserve.models.export import HEADS_PER_NODE
-    from attnserve.models.registry import variant_class
+    from attnserve.models.registry import dense_keys
 
-    keys = variant_class(variant).dense_keys(config, length)
+    keys = dense_keys(config, length)
     return 2 * batch * min(heads, HEADS_PER_NODE) * length * keys * 4
 
 
@@ -179,7 +181,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
     from attnserve.models.export import short_graph_length
-    from attnserve.models.registry import make_config, variant_class
+    from attnserve.models.registry import exact_up_to, make_config
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
@@ -190,7 +192,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     try:
         for i, variant in enumerate(names, 1):
             config = make_config(variant, max_length)
-            exact[variant] = variant_class(variant).exact_up_to(config, max_length)
+            exact[variant] = exact_up_to(config, max_length)
             progress(f"[{i}/{len(names)}] exporting {variant} (max_length {max_length}"
                      f"{', with a short graph' if short_graph_length(config, max_length) else ''})")
             started = time.perf_counter()
@@ -319,6 +321,26 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     return result
 
 
+def schedule_ratios(rows: list[dict], schedules, lengths) -> list[str]:
+    """A Markdown table: each schedule's ONNX Runtime time as a ratio to full's and to each of
+    its pure variants' at each length, from the rows of one run (- where one is missing)."""
+    from attnserve.models.registry import make_config
+    from attnserve.models.schedule import distinct_configs
+
+    ort = {(r["variant"], r["length"]): r["ort_ms"] for r in rows if "ort_ms" in r}
+
+    def ratio(a, b, n):
+        return f"{ort[(a, n)] / ort[(b, n)]:.2f}x" if (a, n) in ort and (b, n) in ort else "-"
+
+    lines = ["| schedule | vs | " + " | ".join(f"{n} tokens" for n in lengths) + " |", "|---|---|" + "---|" * len(lengths)]
+    for schedule in schedules:
+        pure = [c.variant for c in distinct_configs(make_config(schedule, max(lengths)))]
+        for other in dict.fromkeys(["full", *pure]):
+            lines.append(f"| {schedule} | {other} | " + " | ".join(ratio(schedule, other, n) for n in lengths) + " |")
+    return ["ONNX Runtime time of each schedule as a ratio to full's and to its pure variants' (< 1: the schedule is faster)",
+            "", *lines]
+
+
 def bench_runtime_command(args) -> int:
     from attnserve.models import variant_names
 
@@ -327,6 +349,15 @@ def bench_runtime_command(args) -> int:
     if unknown:
         print(f"attnserve bench runtime: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}", file=sys.stderr)
         return 2
+    from attnserve.models.registry import make_config
+
+    for schedule in args.schedule:
+        try:
+            make_config(schedule, 512)
+        except ValueError as exc:
+            print(f"attnserve bench runtime: --schedule {schedule}: {exc}", file=sys.stderr)
+            return 2
+    names += [s for s in args.schedule if s not in names]
     default_lengths = SHORT_LENGTHS if args.short_inputs else DEFAULT_LENGTHS
     try:
         lengths = sorted({int(x) for x in (args.lengths or ",".join(map(str, default_lengths))).split(",") if x.strip()})
@@ -369,6 +400,9 @@ def bench_runtime_command(args) -> int:
         cells = [next((f"{r['ceiling']:9.2f}x" for r in rows if r["variant"] == variant and r.get("length") == n and "ceiling" in r),
                       f"{'-':>10s}") for n in lengths]
         print(f"{variant:12s}" + "".join(cells))
+    if args.schedule:
+        print()
+        print("\n".join(schedule_ratios(rows, args.schedule, lengths)))
     pruning = None
     if args.output_pruning:
         pruning = output_pruning(names[0], min(4096, max(lengths)), args.threads, log=lambda m: print(m, flush=True))

@@ -151,7 +151,7 @@ class Distill:
 
     def __init__(self, plan: Plan, student, train_rows, held_rows):
         from attnserve.models.api import load_encoder
-        from attnserve.models.registry import VARIANTS
+        from attnserve.models.registry import VARIANTS, adapt_lr
 
         if plan.loss not in DISTILL_LOSSES:
             raise ValueError(f"--loss {plan.loss!r}: choose from {', '.join(DISTILL_LOSSES)}")
@@ -170,7 +170,8 @@ class Distill:
         if not self.params:
             raise ValueError(f"{plan.variant} has no parameters of its own to distill (its pattern is fixed); "
                              f"variants with some: {', '.join(n for n, c in VARIANTS.items() if c.adapt_lr)}")
-        self.lr = plan.lr or VARIANTS[plan.variant].adapt_lr
+        # A schedule trains the layers whose variant has parameters of its own.
+        self.lr = plan.lr or adapt_lr(student.attention_config)
         # Modules named by --also: trained too, at a fine-tuning rate (default 1e-4).
         self.groups = [{"params": list(self.params.values()), "lr": self.lr}]
         extra = {n: p for n, p in named_once(student) if any(a in n for a in also) and ".attention." not in n}
@@ -461,11 +462,13 @@ def adapt(plan: Plan, log=print) -> dict:
             + ", ".join(f"{i}: {a:.4f} -> {b:.4f}" for i, (a, b) in enumerate(zip(layers_before, layers_after))))
     out = Path(plan.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Started from adapted weights: those not trained now are kept, so DIR alone gives the whole model.
-    names = list(dict.fromkeys([*params, *started_from(plan.weights)]))
+    # Started from adapted weights: those not trained now are kept, so DIR alone gives the whole model
+    # (a schedule keeps those of its own layers: the others were never loaded).
+    state = student.state_dict()
+    names = list(dict.fromkeys([*params, *(n for n in started_from(plan.weights) if n in state)]))
     sha = save_weights(student, out, names, position_rows=stage.position_rows)
     record = {
-        "variant": plan.variant,
+        "variant": config.variant,
         "parameters": json.loads(json.dumps(dataclasses.asdict(config))),
         "max_length": plan.max_length,
         "stage": plan.stage,
@@ -525,7 +528,8 @@ def plot(curve: dict, path: Path, title: str, metric: str) -> None:
 
 
 def configure(parser) -> None:
-    parser.add_argument("--variant", required=True, help="attention variant (distill: one with parameters of its own, linformer, compressed, sinkhorn, synthesizer; long: any)")
+    parser.add_argument("--variant", required=True, help="attention variant or schedule (distill: one with parameters of its own, linformer, compressed, sinkhorn, "
+                        "synthesizer, or a schedule with some of them; long: any)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
     parser.add_argument("--max-length", type=int, default=16384, help="the deployment's max_length the weights are for (default 16384)")
     parser.add_argument("--data", default=str(TRAIN_DOCUMENTS),

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from attnserve.models.attention.base import AttentionConfig
-from attnserve.models.registry import VARIANTS, make_config, parameters, variant_names
+from attnserve.models.registry import VARIANTS, cost, exact_up_to, make_config, parameters, variant_names
+from attnserve.models.schedule import FORMS, PRESETS, layer_variants
 
 
 # The length `attnserve variants` states exactness at: the serving default max_length.
@@ -13,8 +15,8 @@ VARIANTS_MAX_LENGTH = 16384
 
 
 def exactness(name: str, max_length: int = VARIANTS_MAX_LENGTH) -> str:
-    """For which inputs the variant with default parameters is exactly full attention."""
-    exact = VARIANTS[name].exact_up_to(make_config(name, max_length), max_length)
+    """For which inputs the variant (or schedule) with default parameters is exactly full attention."""
+    exact = exact_up_to(make_config(name, max_length), max_length)
     return "all lengths" if exact >= max_length else f"<= {exact} tokens" if exact else "never"
 
 
@@ -31,6 +33,28 @@ def variants_table() -> list[str]:
     return [*lines, "", f"Every variant also takes {shared}."]
 
 
+def schedules_table(schedules) -> list[str]:
+    """Schedules (a variant per layer) as a Markdown table: each layer's variant, the cost as
+    the sum of the layers', and where the whole is exactly full attention."""
+    lines = ["| schedule | layers 0-5 | cost (sum of the layers') | exact full attention |", "|---|---|---|---|"]
+    for text in schedules:
+        config = make_config(text, VARIANTS_MAX_LENGTH)
+        lines.append(f"| {config.variant} | {' '.join(layer_variants(config))} | {cost(config)} | {exactness(text)} |")
+    return lines
+
+
+def configure(parser) -> None:
+    parser.add_argument("--schedule", action="append", default=[], metavar="SCHEDULE",
+                        help=f"also describe this schedule, a variant per layer: {FORMS} (repeatable)")
+
+
 def variants_command(args) -> int:
-    print("\n".join(variants_table()))
+    try:
+        schedules = [*PRESETS, *args.schedule]
+        lines = [*variants_table(), "", "Schedules (a variant per layer; pass one wherever a variant is taken):", "",
+                 *schedules_table(schedules)]
+    except ValueError as exc:
+        print(f"attnserve variants: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0

@@ -1,7 +1,8 @@
 """The long-context encoder: all-MiniLM-L6-v2's BERT with a pluggable attention step.
 
 Read top to bottom: embeddings -> N x (attention, FFN) -> mean pooling -> L2 normalisation.
-Every layer's attention is built by `build_attention(config, ...)` from the registry, so this
+Every layer's attention is built by `build_attention(config, ...)` from the registry, from that
+layer's config (one variant's in all layers, or a schedule's, models/schedule.py), so this
 file never knows which variant it runs.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
+from attnserve.models.schedule import ScheduleConfig
 from attnserve.models.registry import build_attention
 
 
@@ -160,14 +162,14 @@ class EncoderLayer(nn.Module):
 
 
 class LongContextEncoder(nn.Module):
-    """BERT encoder whose attention step is one registered variant.
+    """BERT encoder whose attention step is a registered variant, or one per layer (a schedule).
 
     forward(input_ids, attention_mask) -> (sentence_embedding (B, hidden), last_hidden_state
     (B, N, hidden)). The user-facing methods (embed, attention_map, rank_collapse) live in
     `attnserve.models.api.Encoder`, which wraps this module with its tokenizer.
     """
 
-    def __init__(self, shape: BertShape, attention_config: AttentionConfig, max_length: int):
+    def __init__(self, shape: BertShape, attention_config: AttentionConfig | ScheduleConfig, max_length: int):
         super().__init__()
         self.shape = shape
         self.attention_config = attention_config
@@ -175,8 +177,8 @@ class LongContextEncoder(nn.Module):
         head_dim = shape.hidden_size // shape.num_heads
         self.embeddings = Embeddings(shape, attention_config)
         self.layers = nn.ModuleList(
-            EncoderLayer(shape, build_attention(attention_config, shape.num_heads, head_dim, max_length), attention_config)
-            for _ in range(shape.num_layers)
+            EncoderLayer(shape, build_attention(layer_config, shape.num_heads, head_dim, max_length), attention_config)
+            for layer_config in attention_config.per_layer(shape.num_layers)
         )
 
     def forward(self, input_ids, attention_mask, weights_layer: int | None = None, hidden_states: list | None = None):

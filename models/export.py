@@ -214,6 +214,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         "hidden_size": shape.hidden_size,
         "num_layers": shape.num_layers,
         "num_heads": shape.num_heads,
+        "layer_variants": [layer.variant for layer in config.per_layer(shape.num_layers)],
         "opset": opset,
         "inputs": {name: {"dtype": "int64", "shape": ["batch", f"sequence ({multiple} * k)"]} for name in INPUT_NAMES},
         "outputs": {
@@ -252,7 +253,8 @@ def _ort_version() -> str | None:
 
 
 def configure_export(parser) -> None:
-    parser.add_argument("--variant", required=True, help="attention variant (see `attnserve variants`)")
+    parser.add_argument("--variant", required=True, help="attention variant, or a schedule of one per layer such as "
+                        "linformer*5,longformer (see `attnserve variants`)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
     parser.add_argument("--max-length", type=int, default=16384, help="longest input in tokens (default 16384)")
     parser.add_argument("--out", help="export directory to write (required unless --print-recipe)")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 
 from attnserve.models.api import Encoder
-from attnserve.models.registry import variant_class
+from attnserve.models import registry
 
 
 def length_multiple(variant: str, config) -> int:
-    """The sequence granule of a variant's graph (`Attention.length_multiple`, its block):
-    inputs are padded to a multiple of it."""
-    return int(variant_class(variant).length_multiple(config))
+    """The sequence granule of a variant's (or a schedule's) graph (`Attention.length_multiple`,
+    its block; every layer's): inputs are padded to a multiple of it."""
+    return registry.length_multiple(config)
 
 
 def short_graph_length(config, max_length: int, encoder=None) -> int:
@@ -31,9 +31,8 @@ def short_graph_length(config, max_length: int, encoder=None) -> int:
     while every layer's own parameters keep it: `Attention.keeps_exactness`), when that is more
     than one granule of its graph (inputs within one granule pad to it anyway) and the variant
     is not full attention at every length (then its own graph is the full path)."""
-    cls = variant_class(config.variant)
-    multiple = cls.length_multiple(config)
-    exact = min(cls.exact_up_to(config, max_length), max_length)
+    multiple = registry.length_multiple(config)
+    exact = min(registry.exact_up_to(config, max_length), max_length)
     if encoder is not None and not all(layer.attention.keeps_exactness() for layer in encoder.layers):
         return 0
     return exact if exact > multiple and (multiple > 1 or exact < max_length) else 0
@@ -47,29 +46,34 @@ ANALYSIS_BUDGET_BYTES = 2 << 30
 
 def analysis_max_length(encoder: Encoder, multiple: int, capacity: int, max_length: int) -> int:
     """The longest input whose attention maps (all layers, float32) fit ANALYSIS_BUDGET_BYTES,
-    from the weights' size at two lengths (linear or quadratic growth)."""
+    from each layer's weights at two lengths (each layer grows linearly or quadratically: a
+    schedule mixes both), at least two granules' worth."""
     n1 = min(capacity, multiple * -(-256 // multiple))
     n2 = min(capacity, 2 * n1)
 
-    def elements(n):
+    def elements(n) -> list[int]:
         ids = torch.full((1, n), 1000, dtype=torch.long)
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        counts = []
         with torch.no_grad():
             x = encoder.embeddings(ids)
-            _, weights = encoder.layers[0](x, torch.ones_like(ids, dtype=torch.bool), need_weights=True)
-        return sum(w.probs.numel() for w in weights)
+            for layer in encoder.layers:
+                x, weights = layer(x, valid, need_weights=True)
+                counts.append(sum(w.probs.numel() for w in weights))
+        return counts
 
     if n2 <= n1:
         return max_length
-    e1, e2 = elements(n1), elements(n2)
-    per_layer_bytes = 4 * len(encoder.layers)
-    quadratic = e2 / e1 > 3
-    limit = n2
-    while limit < max_length:
-        step = min(max_length, limit * 2)
-        grown = e2 * (step / n2) ** (2 if quadratic else 1)
-        if grown * per_layer_bytes > ANALYSIS_BUDGET_BYTES:
-            # Largest multiple of the granule under the budget between limit and step.
-            scale = (ANALYSIS_BUDGET_BYTES / (e2 * per_layer_bytes)) ** (0.5 if quadratic else 1.0)
-            return max(limit, min(max_length, int(n2 * scale) // multiple * multiple))
-        limit = step
-    return max_length
+    growth = [(e2, 2 if e2 / e1 > 3 else 1) for e1, e2 in zip(elements(n1), elements(n2))]
+
+    def fits(n: int) -> bool:
+        return 4 * sum(e2 * (n / n2) ** power for e2, power in growth) <= ANALYSIS_BUDGET_BYTES
+
+    # The largest multiple of the granule from n2 to max_length that fits (fits is monotone).
+    low, high = n2 // multiple, max_length // multiple
+    if fits(max_length):
+        return max_length
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle * multiple) else (low, middle - 1)
+    return max(n2, low * multiple)

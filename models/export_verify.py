@@ -14,7 +14,7 @@ import torch
 
 from attnserve.models.api import Encoder
 from attnserve.models.export_graphs import ExportFailed, example_inputs
-from attnserve.models.registry import variant_class
+from attnserve.models import registry
 from attnserve.service.contract.export_format import pad_to
 
 # Parity tolerances of the export-time check (the tests hold the same ones).
@@ -35,7 +35,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def is_discontinuous(variant: str) -> bool:
-    return bool(variant_class(variant).discontinuous)
+    """Whether a variant or schedule has a layer with discontinuous attention."""
+    return registry.is_discontinuous(variant)
 
 
 def ort_session(path: Path, threads: int = 0):

@@ -6,7 +6,10 @@ ever calls `build_attention(config, ...)`, so it never branches on which variant
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
+
+from attnserve.models.schedule import NUM_LAYERS, ScheduleConfig, distinct_configs, parse_schedule, schedule_text, split_params
 
 if typing.TYPE_CHECKING:  # the variant modules import this one to register, so it imports none of them
     from attnserve.models.attention.base import Attention, AttentionConfig
@@ -42,9 +45,27 @@ def parameters(variant: str) -> dict[str, object]:
     return {f.name: f.default for f in dataclasses.fields(config_class)}
 
 
-def make_config(variant: str, max_length: int, **params) -> AttentionConfig:
-    """The variant's config from keyword parameters; unknown names and impossible values are
-    a ValueError that lists what is valid. String values (from a CLI) are converted."""
+def make_config(variant: str, max_length: int, **params) -> AttentionConfig | ScheduleConfig:
+    """The config of a variant or of a schedule (a variant per layer, models/schedule.py) from
+    keyword parameters (`key` or `variant.key`); unknown names and impossible values are a
+    ValueError that lists what is valid. String values (from a CLI) are converted. A schedule
+    whose layers all run one variant gives that variant's config."""
+    layers = parse_schedule(variant, variant_names())
+    shared = {f.name for f in dataclasses.fields(_base_config())}
+    fields = {name: {f.name for f in dataclasses.fields(variant_class(name).config_class)} for name in dict.fromkeys(layers)}
+    configs = {name: _variant_config(name, max_length, own) for name, own in split_params(params, fields, shared).items()}
+    if len(configs) == 1:
+        return next(iter(configs.values()))
+    return ScheduleConfig(schedule_text(layers), layers, configs)
+
+
+def _base_config():
+    from attnserve.models.attention.base import AttentionConfig
+
+    return AttentionConfig
+
+
+def _variant_config(variant: str, max_length: int, params: dict) -> AttentionConfig:
     cls = variant_class(variant)
     fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
     unknown = sorted(set(params) - set(fields))
@@ -56,6 +77,47 @@ def make_config(variant: str, max_length: int, **params) -> AttentionConfig:
     config = cls.config_class(**converted)
     config.validate(max_length)
     return config
+
+
+# --------------------------------------------------------------------------- facts of a config
+# A variant's facts live on its class; a schedule's are its layers' combined. Each takes the
+# config of a variant or of a schedule.
+
+
+def length_multiple(config) -> int:
+    """The sequence granule of the graph (every layer's block divides it)."""
+    return math.lcm(*(int(variant_class(c.variant).length_multiple(c)) for c in distinct_configs(config)))
+
+
+def exact_up_to(config, max_length: int) -> int:
+    """The longest input every layer computes exactly as full attention (Attention.exact_up_to)."""
+    return min(variant_class(c.variant).exact_up_to(c, max_length) for c in distinct_configs(config))
+
+
+def dense_keys(config, n: int) -> int:
+    """The most keys any layer scores per query in one dense call (Attention.dense_keys)."""
+    return max(variant_class(c.variant).dense_keys(c, n) for c in distinct_configs(config))
+
+
+def is_discontinuous(variant: str) -> bool:
+    """Whether any layer of a variant or schedule decides which tokens meet discontinuously
+    (Attention.discontinuous)."""
+    return any(variant_class(name).discontinuous for name in parse_schedule(variant, variant_names()))
+
+
+def adapt_lr(config) -> float:
+    """The learning rate `attnserve adapt` trains the layers with parameters of their own at."""
+    return max(variant_class(c.variant).adapt_lr for c in distinct_configs(config))
+
+
+def cost(config) -> str:
+    """The attention cost per forward: the variant's, or a schedule's as the sum of its layers'."""
+    counts: dict[str, int] = {}
+    for layer in config.per_layer(NUM_LAYERS):
+        counts[layer.variant] = counts.get(layer.variant, 0) + 1
+    if len(counts) == 1:
+        return variant_class(next(iter(counts))).cost
+    return " + ".join(f"{k} x {variant_class(name).cost}" for name, k in counts.items())
 
 
 def build_attention(config: AttentionConfig, num_heads: int, head_dim: int, max_length: int) -> Attention:

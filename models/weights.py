@@ -12,12 +12,20 @@ A variant's position tables (Attention.position_tables: a row per token position
 with the rows training reached and load into an encoder of any max_length: the rows both
 have are copied and the encoder's others keep their initial values.
 
+Weights of one variant apply layer by layer: a layer's tensors (layers.I.*) load into an
+encoder whose layer I runs that variant, and are left unused (said once in the log) where it
+runs another: weights adapted for linformer serve the linformer layers of
+`linformer*5,longformer`. Weights adapted in a schedule serve that schedule only. Weights no
+layer of the encoder can take are refused.
+
 load_weights checks everything it can before copying anything in, so a mismatch leaves the
 encoder as it was and says which file and tensor to change.
 """
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import torch
@@ -88,16 +96,43 @@ def read_meta(weights_dir) -> dict | None:
     return meta
 
 
+log = logging.getLogger("attnserve.models.weights")
+
+LAYER_TENSOR = re.compile(r"layers\.(\d+)\.")
+
+
+def trained_layers(meta: dict | None, variant: str) -> list[int] | None:
+    """The layers of a `variant` (or schedule) encoder that take the weights: where it runs the
+    variant adapt.json's names, for weights of one variant; every layer of the same schedule,
+    for weights trained in a schedule (its layers learned together, so they serve only it).
+    None without an adapt.json (nothing says, so every tensor applies)."""
+    from attnserve.models.registry import variant_names
+    from attnserve.models.schedule import parse_schedule
+
+    if meta is None:
+        return None
+    try:
+        trained = parse_schedule(str(meta.get("variant")), variant_names())
+    except ValueError:
+        return []
+    layers = parse_schedule(variant, variant_names())
+    if len(set(trained)) > 1:
+        return list(range(len(layers))) if trained == layers else []
+    return [i for i, (a, b) in enumerate(zip(trained, layers)) if a == b]
+
+
 def check_weights_dir(weights_dir, variant: str) -> dict | None:
     """The directory holds weights.safetensors and, when it has an adapt.json, was trained for
-    `variant`; returns that adapt.json (None without one). WeightsError otherwise."""
+    `variant` or for a variant some layer of the `variant` schedule runs; returns that
+    adapt.json (None without one). WeightsError otherwise."""
     weights_dir = Path(weights_dir)
     weights_file(weights_dir)
     meta = read_meta(weights_dir)
-    trained_for = meta.get("variant") if meta else None
-    if meta is not None and trained_for != variant:
+    if trained_layers(meta, variant) == []:
+        trained_for = meta.get("variant")
         raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
-                           f"use variant {trained_for!r} with them or adapt {variant} (see {weights_dir / META_FILE})")
+                           f"use variant {trained_for!r} (or a schedule with its layers) with them or adapt {variant} "
+                           f"(see {weights_dir / META_FILE})")
     return meta
 
 
@@ -114,6 +149,12 @@ def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise WeightsError(f"{path}: not a readable safetensors file ({exc}); rewrite it with `attnserve adapt`") from exc
+    layers = trained_layers(meta, variant)
+    unused = sorted(name for name in tensors if layers is not None and (m := LAYER_TENSOR.match(name)) and int(m[1]) not in layers)
+    if unused:
+        log.warning("%s: %d tensors of layers the %s encoder runs another variant in are unused (trained for %s: %s)",
+                    path, len(unused), variant, meta.get("variant"), ", ".join(unused))
+        tensors = {name: tensor for name, tensor in tensors.items() if name not in unused}
     state = encoder.state_dict()
     for name, tensor in tensors.items():
         if name not in state:
@@ -131,5 +172,6 @@ def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
             else:  # a position table (checked above): the rows both have
                 rows = min(tensor.shape[-2], state[name].shape[-2])
                 state[name][..., :rows, :].copy_(tensor[..., :rows, :])
-    encoder.weights = {"dir": str(weights_dir.resolve()), "sha256": sha256(path), "tensors": len(tensors), "adapt": meta}
+    encoder.weights = {"dir": str(weights_dir.resolve()), "sha256": sha256(path), "tensors": len(tensors), "adapt": meta,
+                       "unused": unused}
     return encoder.weights

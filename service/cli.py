@@ -28,7 +28,7 @@ def _load(target: str):
 
 COMMANDS: list[Command] = [
     # the encoder (models/) and its benchmarks (benchmarks/): variants, benchmarks, adaptation
-    Command(("variants",), "list the attention variants and their parameters", None, "attnserve.models.cli:variants_command"),
+    Command(("variants",), "list the attention variants, their parameters and schedules (a variant per layer)", "attnserve.models.cli:configure", "attnserve.models.cli:variants_command"),
     Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "attnserve.service.bench:encoder.configure_bench_encoder", "attnserve.service.bench:encoder.bench_encoder"),
     Command(("adapt", "variant"), "train what a variant adds to the pretrained model (distillation), within a time budget", "attnserve.models.adapt:configure", "attnserve.models.adapt:adapt_command"),
     Command(("adapt", "cache"), "run the frozen encoder once over training documents and store what the context heads learn from", "attnserve.models.context_cache:configure", "attnserve.models.context_cache:cache_command"),

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
     META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg, read_manifest,
     sha256, weights_file)
+from attnserve.service.contract.schedule import canonical_schedule, schedule_slug
 from attnserve.service.settings import Settings
 
 log = logging.getLogger("attnserve")
@@ -174,7 +176,7 @@ def export_command(settings: Settings) -> str:
     """The `attnserve export` command line that makes the export these settings serve, into DIR."""
     params = "".join(f" --param {param_arg(key, value)}" for key, value in settings.params.items())
     weights = f" --weights {settings.weights}" if settings.weights is not None else ""
-    return f"attnserve export --variant {settings.variant}{params} --max-length {settings.max_length}{weights} --out DIR"
+    return f"attnserve export --variant {shlex.quote(settings.variant)}{params} --max-length {settings.max_length}{weights} --out DIR"
 
 
 def check_export_target(target: Path) -> None:
@@ -193,11 +195,14 @@ def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
     """(directory, manifest) of each finished export under models_dir for this variant and
     max_length, newest first."""
     found = []
-    for manifest_path in settings.models_dir.glob(f"{settings.variant}-L{settings.max_length}-*/manifest.json"):
+    variant = canonical_schedule(settings.variant)
+    for manifest_path in settings.models_dir.glob(f"{schedule_slug(variant)}-L{settings.max_length}-*/manifest.json"):
         try:
-            found.append((manifest_path.parent, read_manifest(manifest_path.parent)))
+            manifest = read_manifest(manifest_path.parent)
         except ExportError:
             continue
+        if manifest.variant == variant:
+            found.append((manifest_path.parent, manifest))
     return sorted(found, key=lambda item: item[1].created or "", reverse=True)
 
 
@@ -216,6 +221,17 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
     return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
 
 
+def recorded(parameters: dict, key: str, variant: str) -> set[str]:
+    """The values a manifest's parameters hold for `key` (a schedule's `variant.key`, or a key
+    every one of its variants that has it shares), as text; empty when none has it."""
+    configs = parameters.get("configs")
+    if not isinstance(configs, dict):  # one variant's parameters
+        configs = {variant: parameters}
+    prefix, _, field = key.rpartition(".")
+    return {str(config[field]) for name, config in configs.items()
+            if isinstance(config, dict) and field in config and prefix in ("", name)}
+
+
 def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
     """Without torch the variant's defaults are unknown, so the export is found by its
     manifest: the newest under models_dir with this variant, max_length, weights and this
@@ -225,7 +241,7 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
         recipe = manifest.recipe
         parameters = recipe.get("parameters") or {}
         if (recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
-                and all(key in parameters and str(parameters[key]) == str(value) for key, value in settings.params.items())):
+                and all(recorded(parameters, key, manifest.variant) == {str(value)} for key, value in settings.params.items())):
             log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, manifest.describe())
             check_export_weights(path, settings)
             return path

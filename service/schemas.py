@@ -278,8 +278,9 @@ class AttentionRequest(_Strict):
 
 
 class _AttentionCommon(BaseModel):
-    variant: str
+    variant: str = Field(description="the deployment's variant or schedule (a variant per layer)")
     layer: int
+    layer_variant: str = Field(description="the variant this layer runs: its pattern is what the map shows")
     head: int | None
     n_tokens: int
     tokens: list[str]
@@ -320,7 +321,8 @@ class PoolingInfo(BaseModel):
 class InfoResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model_name: str
-    variant: str
+    variant: str = Field(description="the attention variant, or the schedule (a variant per layer, e.g. linformer*5,longformer)")
+    layer_variants: list[str] = Field(description="the variant each layer runs, layer 0 first")
     parameters: dict
     pooling: PoolingInfo
     max_length: int

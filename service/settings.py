@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid")
 
     # What to serve.
-    variant: str = Field("longformer", description="attention variant (see `attnserve variants`)")
+    variant: str = Field("longformer", description="attention variant, or a schedule of one per layer such as linformer*5,longformer (see `attnserve variants`)")
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
     max_length: int = Field(16384, ge=2, description="longest input in tokens, [CLS] and [SEP] included")
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")

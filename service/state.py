@@ -66,6 +66,11 @@ class ServiceState:
         return int(self.manifest.get("num_layers", 6))
 
     @property
+    def layer_variants(self) -> list[str]:
+        """The variant each layer runs: a schedule's differ (an export that does not say: the variant's)."""
+        return list(self.manifest.get("layer_variants") or [self.variant] * self.num_layers)
+
+    @property
     def num_heads(self) -> int:
         return int(self.manifest.get("num_heads", 12))
 

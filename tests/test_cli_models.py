@@ -12,20 +12,26 @@ from attnserve.models.quality import mean_reciprocal_rank
 
 def test_variants_lists_every_variant_with_parameters_and_cost():
     out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", "variants"], capture_output=True, text=True, check=True).stdout
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
+    variants, _, schedules = out.partition("\n\n")
+    rows = {line.split("|")[1].strip(): line for line in variants.splitlines()[2:] if line.startswith("| ")}
     assert list(rows) == variant_names()
     assert "O(N^2)" in rows["full"] and "O(N * window)" in rows["local"]
-    shared = out.splitlines()[-1]
+    shared = schedules.splitlines()[0]
+    # Then the preset schedules, each layer's variant and the cost as the sum of the layers'.
+    assert "| linformer*5,longformer | linformer linformer linformer linformer linformer longformer | "\
+           "5 x O(N * k) + 1 x O(N * (window + g)) |" in schedules
     for name in variant_names():
         for key, default in parameters(name).items():
             assert f"{key}={default!r}" in rows[name] or f"{key}={default!r}" in shared
 
 
 def test_readme_variants_table_is_what_the_command_prints():
-    from attnserve.models.cli import variants_table
+    from attnserve.models.cli import schedules_table, variants_table
+    from attnserve.models.schedule import PRESETS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "\n".join(variants_table()) in readme, "README.md's variants table differs: paste `attnserve variants` there"
+    assert "\n".join(schedules_table(PRESETS)) in readme, "README.md's schedules table differs: paste `attnserve variants` there"
 
 
 def test_mean_reciprocal_rank():

@@ -64,6 +64,10 @@ class AttentionConfig:
     positions: str = "recurrent"
     attention_scaling: bool = False
 
+    def per_layer(self, num_layers: int) -> list["AttentionConfig"]:
+        """The config of each layer: this one in all (a schedule, models/schedule.py, differs)."""
+        return [self] * num_layers
+
     def validate(self, max_length: int) -> None:
         """Raise ValueError naming the parameter when a value cannot work."""
         check(1 <= self.position_period <= 512, "position_period", "must be in 1..512 (the pretrained table has 512 rows)")

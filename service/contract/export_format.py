@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from attnserve.service.contract.schedule import schedule_slug
+
 FORMAT = "attnserve-onnx/1"
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -111,6 +113,7 @@ class Manifest(_Record):
     hidden_size: int
     num_layers: int
     num_heads: int
+    layer_variants: list[str] = []  # the variant each layer runs (a schedule's differ); older exports: none
     opset: int | None = None
     inputs: dict[str, Any] = {}
     outputs: dict[str, Any] = {}
@@ -240,7 +243,7 @@ def export_name(recipe: dict) -> str:
     """The folder of a models directory that holds the export of `recipe` (the exporter's
     --print-recipe): where `attnserve serve --models-dir` looks, and where the exporter's own
     cache (attnserve.models.export.cached_export) puts it."""
-    return f"{recipe['variant']}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
+    return f"{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
 
 
 # --------------------------------------------------------------------------- inputs

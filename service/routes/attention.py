@@ -65,6 +65,7 @@ def _render(body: AttentionRequest, service: ServiceState, tokenized, queries, k
     common = {
         "variant": service.variant,
         "layer": body.layer,
+        "layer_variant": service.layer_variants[body.layer],
         "head": body.head,
         "n_tokens": n,
         "tokens": tokenized.tokens,
@@ -89,7 +90,7 @@ def _render(body: AttentionRequest, service: ServiceState, tokenized, queries, k
     if body.format == "png":
         head = "mean over heads" if body.head is None else f"head {body.head}"
         window = "" if (queries, keys) == ((0, n), (0, n)) else f", queries {queries[0]}-{queries[1] - 1} x keys {keys[0]}-{keys[1] - 1}"
-        title = f"{service.variant}, layer {body.layer}, {head}: {n} tokens{window}"
+        title = f"{service.variant}, layer {body.layer} ({service.layer_variants[body.layer]}), {head}: {n} tokens{window}"
         return Response(attention_png(grid, cell, tokenized.tokens, queries, keys, title), media_type="image/png")
     return _json({**common, "format": "grid", "cell_tokens": cell, "grid": grid.tolist()})
 

@@ -133,7 +133,7 @@ class MapView {
     }
     ctx.textAlign = "left"; ctx.textBaseline = "top";
     ctx.font = "bold 12px system-ui, sans-serif";
-    const caption = `${a.variant}, layer ${a.layer}, ${a.head === null ? "mean over heads" : `head ${a.head}`}: ${a.n_tokens} tokens`;
+    const caption = `${a.variant}, layer ${a.layer} (${a.layer_variant}), ${a.head === null ? "mean over heads" : `head ${a.head}`}: ${a.n_tokens} tokens`;
     ctx.fillText(caption, 4, 2);
     const after = 16 + ctx.measureText(caption).width;
     ctx.font = "11px ui-monospace, monospace";
@@ -322,7 +322,7 @@ async function show(window = {}) {
     const exact = answer.cell_tokens === 1 ? "exact weights" : `${answer.cell_tokens} x ${answer.cell_tokens} tokens a cell`;
     // Texts go with truncate: true, so one longer than the server's max_length is cut there.
     const cut = state.info && answer.n_tokens >= state.info.max_length ? ` (the server's max_length: a longer text is cut there)` : "";
-    setStatus(`${answer.variant}, layer ${answer.layer}, head ${answer.head ?? "mean"}: ${answer.n_tokens} tokens${cut}${where}, ${exact} (${ms.toFixed(0)} ms)`);
+    setStatus(`${answer.variant}, layer ${answer.layer} (${answer.layer_variant}), head ${answer.head ?? "mean"}: ${answer.n_tokens} tokens${cut}${where}, ${exact} (${ms.toFixed(0)} ms)`);
     if (state.config.peers.length && $("compare").checked && !window.query_range) await comparePeers();
   } catch (e) {
     setStatus(e.message, true);
