@@ -65,6 +65,10 @@ def configure(parser):
     parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
     parser.add_argument("--by-layer", action="store_true", help="also each variant's cosine to full on the first 512 tokens "
                         "with only one layer the variant's, the others full attention (writes OUT/by_layer.csv)")
+    parser.add_argument("--by-layer-against", default="", metavar="VARIANT",
+                        help="--by-layer against this variant or schedule on the whole documents (cut at --max-length) "
+                             "instead of full attention on the first 512 tokens: where a variant loses a long-context "
+                             "deployment, layer by layer")
     parser.add_argument("--out", default="reports/quality", help="folder for quality.csv and quality.png")
     parser.add_argument("--append", action="store_true", help="add rows to an existing quality.csv instead of replacing it")
 
@@ -185,15 +189,16 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
     return results
 
 
-def layer_row(variant: str, params: dict, encodings, args, full, weights_dir=None) -> dict:
-    """The cosine to full on the first 512 tokens with only layer i the variant's, per layer."""
+def layer_row(variant: str, params: dict, encodings, args, teacher, weights_dir=None) -> dict:
+    """The cosine to the teacher with only layer i the variant's, per layer: full attention on
+    the first 512 tokens, or with --by-layer-against the teacher's variant on whole documents."""
     from attnserve.models import load_encoder
     from attnserve.models.adapt import layer_cosines
 
     encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
-    ids = first_tokens(encodings, 512)
+    ids = [e.ids for e in encodings] if args.by_layer_against else first_tokens(encodings, 512)
     with tqdm(total=len(ids), desc=f"{variant} by layer", unit="doc") as bar:
-        cosines = layer_cosines(encoder, full, ids, progress=bar.update)
+        cosines = layer_cosines(encoder, teacher, ids, progress=bar.update)
     system = f"{variant}+adapted" if weights_dir is not None else variant
     return {"system": system, "params": json.dumps(params, sort_keys=True), **{f"layer_{i}": c for i, c in enumerate(cosines)}}
 
@@ -254,6 +259,8 @@ def quality_command(args) -> int:
     # Full attention on the first 512 tokens: what --cosine and --by-layer compare a variant with.
     teacher = load_encoder("full", max_length=512) if variants and (args.cosine or args.by_layer) else None
     full_head = teacher.embed_ids(first_tokens(encodings, 512)).numpy() if args.cosine and teacher else None
+    if args.by_layer and args.by_layer_against:
+        teacher = load_encoder(args.by_layer_against, max_length=args.max_length)
     layer_rows = []
     for variant in variants:
         with torch.no_grad():
@@ -263,13 +270,16 @@ def quality_command(args) -> int:
     plot(csv_path, out / "quality.png")
     print(f"wrote {csv_path} and {out / 'quality.png'}")
     if layer_rows:
-        print_layer_rows(layer_rows, out / "by_layer.csv")
+        print_layer_rows(layer_rows, out / "by_layer.csv", args.by_layer_against)
     return 0
 
 
-def print_layer_rows(layer_rows: list[dict], path: Path) -> None:
+def print_layer_rows(layer_rows: list[dict], path: Path, against: str = "") -> None:
     layers = [k for k in layer_rows[0] if k.startswith("layer_")]
-    print("\nCosine to full on the first 512 tokens with only one layer the variant's (the others full attention):")
+    if against:
+        print(f"\nCosine to {against} on the whole documents with only one layer the variant's (the others {against}'s):")
+    else:
+        print("\nCosine to full on the first 512 tokens with only one layer the variant's (the others full attention):")
     print("| system | " + " | ".join(f"layer {k.removeprefix('layer_')}" for k in layers) + " |")
     print("|---|" + "---|" * len(layers))
     for r in layer_rows:

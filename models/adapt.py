@@ -415,7 +415,7 @@ def adapt(plan: Plan, log=print) -> dict:
     layers_before = stage.by_layer(student)
     best, best_state = before, snapshot()
     curve = {"seconds": [], "loss": [], "eval_seconds": [0.0], "held_out": [before]}
-    log(f"adapt {plan.variant} ({plan.stage}) {dataclasses.asdict(config)} at max_length {plan.max_length}: "
+    log(f"adapt {config.variant} ({plan.stage}) {config.as_params()} at max_length {plan.max_length}: "
         f"{sum(p.numel() for p in params.values()):,} parameters in {len(params)} tensors, lr {stage.lr}, "
         f"{len(train_rows)} training / {len(held_rows)} held-out documents; held-out score before {before:.4f}")
 
@@ -469,7 +469,7 @@ def adapt(plan: Plan, log=print) -> dict:
     sha = save_weights(student, out, names, position_rows=stage.position_rows)
     record = {
         "variant": config.variant,
-        "parameters": json.loads(json.dumps(dataclasses.asdict(config))),
+        "parameters": json.loads(json.dumps(config.as_params())),
         "max_length": plan.max_length,
         "stage": plan.stage,
         "trained": {name: list(p.shape) for name, p in params.items()},

@@ -24,7 +24,6 @@ as a child process (with --print-recipe for the cache key), so that it never imp
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -61,7 +60,7 @@ def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str 
     its digest (service.exports.export_path), and the manifest records it."""
     return {
         "variant": config.variant,
-        "parameters": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
+        "parameters": json.loads(json.dumps(config.as_params(), default=str)),
         "max_length": max_length,
         "weights_sha256": weights_sha256,
         "attnserve": package_version("attnserve"),
@@ -144,7 +143,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
     if capacity < multiple:
         raise ExportFailed(f"max_length {encoder.max_length} is shorter than {variant}'s block of {multiple} tokens")
     started = time.perf_counter()
-    log(f"exporting {variant} {dataclasses.asdict(config)} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
+    log(f"exporting {variant} {config.as_params()} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
     if getattr(encoder, "weights", None):
         log(f"  with adapted weights from {encoder.weights['dir']} (sha256 {encoder.weights['sha256'][:10]}, {encoder.weights['tensors']} tensors)")
     for stale in (*GRAPH_FILES, META_FILE, MANIFEST_FILE):
@@ -205,7 +204,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
     manifest = Manifest.model_validate({
         "format": FORMAT,
         "variant": variant,
-        "parameters": json.loads(json.dumps(dataclasses.asdict(config))),
+        "parameters": json.loads(json.dumps(config.as_params())),
         "requested_parameters": json.loads(json.dumps(params or {}, default=str)),
         "max_length": max_length,
         "length_multiple": multiple,

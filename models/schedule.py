@@ -64,6 +64,15 @@ class ScheduleConfig:
     layers: tuple[str, ...]
     configs: dict
 
+    def as_params(self) -> dict:
+        """The keyword parameters that make this schedule again: the shared position parameters
+        plainly, each variant's own as variant.key."""
+        shared = {"position_period", "positions", "attention_scaling"}
+        out = {key: getattr(self, key) for key in sorted(shared)}
+        for name, config in self.configs.items():
+            out.update({f"{name}.{key}": value for key, value in dataclasses.asdict(config).items() if key not in shared})
+        return out
+
     def per_layer(self, num_layers: int) -> list:
         if num_layers != len(self.layers):
             raise ValueError(f"schedule {self.variant} is for {len(self.layers)} layers, the model has {num_layers}")

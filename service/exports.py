@@ -222,14 +222,11 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
 
 
 def recorded(parameters: dict, key: str, variant: str) -> set[str]:
-    """The values a manifest's parameters hold for `key` (a schedule's `variant.key`, or a key
-    every one of its variants that has it shares), as text; empty when none has it."""
-    configs = parameters.get("configs")
-    if not isinstance(configs, dict):  # one variant's parameters
-        configs = {variant: parameters}
-    prefix, _, field = key.rpartition(".")
-    return {str(config[field]) for name, config in configs.items()
-            if isinstance(config, dict) and field in config and prefix in ("", name)}
+    """The values a manifest's parameters hold for a setting's `key`, as text (empty when none
+    has it): a schedule records each variant's own as variant.key, which a plain key sets in
+    every variant that has it; `variant.key` of a plain variant is its key."""
+    key = key.removeprefix(f"{variant}.")
+    return {str(value) for name, value in parameters.items() if name == key or name.endswith(f".{key}")}
 
 
 def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:

@@ -56,6 +56,9 @@ def test_spellings_of_one_schedule_are_one_config_and_a_uniform_one_is_the_plain
     assert make_config("local,local,full", 4096).variant == "local*2,full"
     assert make_config("local*2,full,local,local,full", 4096) == make_config("local,local,full", 4096)
     assert make_config("longformer*6", 4096) == make_config("longformer", 4096)
+    # What recipes, manifests and adapt.json record makes the same config again.
+    config = make_config("linformer*5,longformer", 4096, window=128)
+    assert config.as_params()["longformer.window"] == 128 and make_config(config.variant, 4096, **config.as_params()) == config
     name = export_name(export_recipe(make_config("linformer*5,longformer", 4096), 4096))
     assert name.startswith("linformer-x5.longformer-L4096-")  # a folder name: no * or ,
 
@@ -158,3 +161,27 @@ def test_bench_runtime_gives_a_schedule_as_ratios_to_full_and_its_pure_variants(
     assert "| linformer*5,longformer | full | 0.30x | 0.30x | - |" in lines
     assert "| linformer*5,longformer | linformer | 1.20x | 1.20x | - |" in lines
     assert "| linformer*5,longformer | longformer | 0.60x | 0.60x | - |" in lines
+
+
+def test_adapt_trains_the_learned_layers_of_a_schedule_and_its_weights_serve_that_schedule(tmp_path):
+    import gzip
+    import json
+
+    from attnserve.models.adapt import Plan, adapt
+    from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
+
+    data = tmp_path / "train.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        for row in read_jsonl(TRAIN_DOCUMENTS, limit=8):
+            f.write(json.dumps(row) + "\n")
+    params = {"linformer.k": 32}
+    plan = Plan(variant="linformer*5,longformer", params=params, max_length=256, data=str(data), out=str(tmp_path / "w"),
+                minutes=5, window=128, batch=2, holdout=4, eval_seconds=0, max_steps=2, seed=0)
+    record = adapt(plan, log=lambda *a: None)
+    assert record["variant"] == "linformer*5,longformer"
+    assert record["trained"] == {f"layers.{i}.attention.E": [32, 256] for i in range(5)}
+    assert make_config(record["variant"], 256, **record["parameters"]).configs["linformer"].k == 32
+    encoder = load_encoder("linformer*5,longformer", 256, weights=tmp_path / "w", **params)
+    assert encoder.weights["tensors"] == 5 and encoder.weights["unused"] == []
+    with pytest.raises(WeightsError, match="trained for linformer\\*5,longformer, not linformer"):
+        load_encoder("linformer", 256, weights=tmp_path / "w", k=32)

@@ -64,6 +64,10 @@ class AttentionConfig:
     positions: str = "recurrent"
     attention_scaling: bool = False
 
+    def as_params(self) -> dict:
+        """The config as the keyword parameters that make it again (what recipes and adapt.json record)."""
+        return dataclasses.asdict(self)
+
     def per_layer(self, num_layers: int) -> list["AttentionConfig"]:
         """The config of each layer: this one in all (a schedule, models/schedule.py, differs)."""
         return [self] * num_layers
