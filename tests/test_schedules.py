@@ -185,3 +185,19 @@ def test_adapt_trains_the_learned_layers_of_a_schedule_and_its_weights_serve_tha
     assert encoder.weights["tensors"] == 5 and encoder.weights["unused"] == []
     with pytest.raises(WeightsError, match="trained for linformer\\*5,longformer, not linformer"):
         load_encoder("linformer", 256, weights=tmp_path / "w", k=32)
+
+
+def test_by_layer_against_a_deployment_profiles_whole_documents_against_it():
+    """bench quality --by-layer-against V: one layer the variant's, the others V's, on the whole
+    (cut) documents. Against a schedule that holds the variant in layer 0 only, layer 0 is exact."""
+    import argparse
+
+    from benchmarks.quality import layer_row
+
+    encoder = load_encoder("local", 512, window=WINDOW)
+    encodings = encoder.tokenizer.encode_batch([" ".join(f"w{i}" for i in range(300)), "a short one"])
+    args = argparse.Namespace(max_length=512, by_layer_against="local,full*5")
+    teacher = load_encoder("local,full*5", 512, window=WINDOW)
+    row = layer_row("local", {"window": WINDOW}, encodings, args, teacher)
+    assert row["layer_0"] == pytest.approx(1.0, abs=1e-5)
+    assert all(row[f"layer_{i}"] < 0.9999 for i in range(1, 6))  # a 16-token window where full attention was
