@@ -45,6 +45,7 @@ from attnserve.models.export_verify import (  # noqa: F401
     DISCONTINUOUS_MIN_COSINE, EMBEDDING_TOL, HIDDEN_TOL, cosines, is_discontinuous, ort_session, verify_embedding_graph)
 from attnserve.models.pretrained import model_dir
 from attnserve.models.registry import make_config
+from attnserve.models.schedule import layer_variants
 from attnserve.service.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
     EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, TOKENIZER_FILE, Manifest,
     code_sha256, export_name, file_records, package_version, pad_to, parse_params, recipe_sha256, sha256, weights_file, write_manifest)
@@ -213,7 +214,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         "hidden_size": shape.hidden_size,
         "num_layers": shape.num_layers,
         "num_heads": shape.num_heads,
-        "layer_variants": [layer.variant for layer in config.per_layer(shape.num_layers)],
+        "layer_variants": layer_variants(config),
         "opset": opset,
         "inputs": {name: {"dtype": "int64", "shape": ["batch", f"sequence ({multiple} * k)"]} for name in INPUT_NAMES},
         "outputs": {

@@ -5,11 +5,13 @@ ever calls `build_attention(config, ...)`, so it never branches on which variant
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import typing
 
-from attnserve.models.schedule import NUM_LAYERS, ScheduleConfig, distinct_configs, parse_schedule, schedule_text, split_params
+from attnserve.models.schedule import (ScheduleConfig, distinct_configs, layer_variants, parse_schedule, schedule_text,
+                                       shared_fields, split_params)
 
 if typing.TYPE_CHECKING:  # the variant modules import this one to register, so it imports none of them
     from attnserve.models.attention.base import Attention, AttentionConfig
@@ -51,18 +53,12 @@ def make_config(variant: str, max_length: int, **params) -> AttentionConfig | Sc
     ValueError that lists what is valid. String values (from a CLI) are converted. A schedule
     whose layers all run one variant gives that variant's config."""
     layers = parse_schedule(variant, variant_names())
-    shared = {f.name for f in dataclasses.fields(_base_config())}
+    shared = set(shared_fields())
     fields = {name: {f.name for f in dataclasses.fields(variant_class(name).config_class)} for name in dict.fromkeys(layers)}
     configs = {name: _variant_config(name, max_length, own) for name, own in split_params(params, fields, shared).items()}
     if len(configs) == 1:
         return next(iter(configs.values()))
     return ScheduleConfig(schedule_text(layers), layers, configs)
-
-
-def _base_config():
-    from attnserve.models.attention.base import AttentionConfig
-
-    return AttentionConfig
 
 
 def _variant_config(variant: str, max_length: int, params: dict) -> AttentionConfig:
@@ -112,9 +108,7 @@ def adapt_lr(config) -> float:
 
 def cost(config) -> str:
     """The attention cost per forward: the variant's, or a schedule's as the sum of its layers'."""
-    counts: dict[str, int] = {}
-    for layer in config.per_layer(NUM_LAYERS):
-        counts[layer.variant] = counts.get(layer.variant, 0) + 1
+    counts = collections.Counter(layer_variants(config))
     if len(counts) == 1:
         return variant_class(next(iter(counts))).cost
     return " + ".join(f"{k} x {variant_class(name).cost}" for name, k in counts.items())

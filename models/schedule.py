@@ -27,6 +27,14 @@ import dataclasses
 from attnserve.service.contract.schedule import FORMS, NUM_LAYERS, parse_schedule, schedule_text  # noqa: F401
 
 
+def shared_fields() -> list[str]:
+    """The parameters every variant's config has (AttentionConfig's: the embeddings' position
+    parameters), which a schedule's layers share."""
+    from attnserve.models.attention.base import AttentionConfig  # imported late: the variants import the registry, which imports this
+
+    return [f.name for f in dataclasses.fields(AttentionConfig)]
+
+
 def split_params(params: dict, names, shared) -> dict[str, dict]:
     """Each variant's own keyword parameters from a schedule's: `variant.key` goes to that
     variant, a plain key to every variant of the schedule whose config has it (`shared`: the
@@ -67,7 +75,7 @@ class ScheduleConfig:
     def as_params(self) -> dict:
         """The keyword parameters that make this schedule again: the shared position parameters
         plainly, each variant's own as variant.key."""
-        shared = {"position_period", "positions", "attention_scaling"}
+        shared = shared_fields()
         out = {key: getattr(self, key) for key in sorted(shared)}
         for name, config in self.configs.items():
             out.update({f"{name}.{key}": value for key, value in dataclasses.asdict(config).items() if key not in shared})
