@@ -224,11 +224,12 @@ def write_stand_in_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threads: int, tokenizer_dir: str) -> dict:
-    """In a worker process: export the seeded encoder's embedding graph (no analysis graph, no
-    CPU parity check: the run compares ONNX Runtime with PyTorch itself, on the device).
-    An export of the same variant, length and seed, made by the same models code (its sha256),
-    already in out_dir is reused."""
+def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threads: int, tokenizer_dir: str,
+                   precision: str = "float32") -> dict:
+    """In a worker process: export the seeded encoder's embedding graph at `precision` (no
+    analysis graph, no CPU parity check: the run compares ONNX Runtime with PyTorch's float32
+    itself, on the device). An export of the same variant, length, seed and precision, made by
+    the same models code (its sha256), already in out_dir is reused."""
     from unittest import mock
 
     import torch
@@ -238,7 +239,7 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
 
     out = Path(out_dir)
     stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}",
-             "code_sha256": code_sha256()}
+             "code_sha256": code_sha256(), "precision": precision}
     stamp_path = out / "bench-weights.json"
     if stamp_path.is_file():
         old = json.loads(stamp_path.read_text())
@@ -254,7 +255,7 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     encoder = seeded_encoder(variant, max_length, seed)
     with open(out.parent / f"{variant}.export.log", "w") as log_file, \
             mock.patch.object(export, "model_dir", lambda: Path(tokenizer_dir)):
-        export.export_encoder(encoder, out, max_length=max_length, analysis=False, verify=False,
+        export.export_encoder(encoder, out, max_length=max_length, analysis=False, verify=False, precision=precision,
                               log=lambda message: print(message, file=log_file, flush=True))
     manifest = read_manifest(out)
     stamp.update(sha256=manifest.sha256, length_multiple=manifest.length_multiple,
@@ -265,7 +266,12 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     return {**stamp, "reused": False}
 
 
-def export_all(variants: list[str], max_length: int, root: Path, seed: int, jobs: int, progress: Progress) -> dict:
+def export_folder(root: Path, variant: str, precision: str) -> Path:
+    return root / (variant if precision == "float32" else f"{variant}-{precision}")
+
+
+def export_all(variants: list[str], max_length: int, root: Path, seed: int, jobs: int, progress: Progress,
+               precision: str = "float32") -> dict:
     """Every variant's export, `jobs` at a time in spawned worker processes (tracing is mostly
     one core's work). Returns variant -> export record, or {"error": ...}."""
     import multiprocessing
@@ -275,8 +281,8 @@ def export_all(variants: list[str], max_length: int, root: Path, seed: int, jobs
     threads = max(1, (os.cpu_count() or 1) // jobs)
     records = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(export_variant, v, max_length, str(root / v), seed, threads, str(tokenizer_dir)): v
-                   for v in variants}
+        futures = {pool.submit(export_variant, v, max_length, str(export_folder(root, v, precision)), seed, threads,
+                               str(tokenizer_dir), precision): v for v in variants}
         for future in as_completed(futures):
             variant = futures[future]
             try:
@@ -640,6 +646,12 @@ def run(args) -> dict:
     if unknown:
         raise SystemExit(f"benchmarks/gpu.py: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}")
     names = ["full"] + [v for v in names if v != "full"]  # every ratio is to full's
+    from attnserve.models.registry import make_config, precision_refused
+
+    refused = {v: why for v in names for p, why in precision_refused(make_config(v, 512)).items() if p == args.precision}
+    for variant, why in refused.items():
+        print(f"benchmarks/gpu.py: {variant} skipped: it cannot be exported in {args.precision}: {why}", file=sys.stderr)
+    names = [v for v in names if v not in refused]
     lengths = sorted({int(x) for x in str(args.lengths).split(",")})
     batch_sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
     max_length = max(lengths + [args.doc_tokens])
@@ -655,7 +667,7 @@ def run(args) -> dict:
         "environment": env,
         "settings": {"variants": names, "lengths": lengths, "batch": 1, "repeats": args.repeats, "cell_seconds": CELL_SECONDS,
                      "seed": args.seed, "weights": f"seeded random (BERT initialisation, std {INIT_STD})",
-                     "bf16": BF16, "torch_tf32": False, "providers": Device(dry).providers, "export_jobs": jobs,
+                     "bf16": BF16, "torch_tf32": False, "precision": args.precision, "refused": refused, "providers": Device(dry).providers, "export_jobs": jobs,
                      "throughput": {"docs": args.docs, "doc_tokens": args.doc_tokens, "batch_sizes": batch_sizes}},
         "variants": [],
     }
@@ -669,7 +681,7 @@ def run(args) -> dict:
     try:
         started = time.perf_counter()
         exports_dir = Path(args.exports_dir) if args.exports_dir else out / "exports"
-        exports = export_all(names, max_length, exports_dir, args.seed, jobs, progress)
+        exports = export_all(names, max_length, exports_dir, args.seed, jobs, progress, args.precision)
         result["export_seconds"] = round(time.perf_counter() - started, 1)
         device = Device(dry)
         plan = {"docs": args.docs, "doc_tokens": args.doc_tokens, "batch_sizes": batch_sizes}
@@ -684,7 +696,7 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             try:
                 rows, reference = eager_figures(variant, max_length, lengths, args.seed, args.repeats, device, progress)
-                ort = ort_figures(variant, exports_dir / variant, lengths, reference, args.repeats, device, plan, progress)
+                ort = ort_figures(variant, export_folder(exports_dir, variant, args.precision), lengths, reference, args.repeats, device, plan, progress)
             except Exception as exc:  # e.g. ONNX Runtime refusing the graph on CUDA: the other variants still run
                 entry["errors"].append(f"{type(exc).__name__}: {str(exc)[:600]}")
                 progress.write(f"{variant}: {entry['errors'][-1]}")
@@ -725,7 +737,8 @@ def tables(result: dict) -> str:
     full = next((e for e in entries if e["variant"] == "full"), None)
     base = {row["length"]: row for row in full["latency"]} if full else {}
     lines = [f"Measured {result['date']} on {env.get('device')} ({'a dry run, not GPU figures' if result['dry_run'] else 'one run'}): "
-             f"torch {env['torch']} (CUDA {env.get('torch_cuda')}), onnxruntime {env['onnxruntime']}, batch 1, "
+             f"torch {env['torch']} (CUDA {env.get('torch_cuda')}), onnxruntime {env['onnxruntime']} with "
+             f"{settings.get('precision', 'float32')} exports, batch 1, "
              f"{settings['weights']}; `{result['command']}`."
              + ("" if result.get("complete") else " Incomplete run: only the variants listed were measured."), ""]
 
@@ -818,6 +831,9 @@ def main(argv=None) -> int:
     parser.add_argument("--doc-tokens", type=int, help=f"tokens per throughput document (default {GPU_DEFAULTS['doc_tokens']})")
     parser.add_argument("--batch-sizes", help=f"fixed batch sizes timed for throughput (default {GPU_DEFAULTS['batch_sizes']})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--precision", default="float32", choices=("float32", "int8", "float16"),
+                        help="precision of the ONNX Runtime exports (default float32; float16 for GPUs, see "
+                             "`attnserve export --precision`); PyTorch stays fp32 and bf16 autocast")
     parser.add_argument("--export-jobs", type=int, default=0, help="exports at a time (default: half the CPU cores, at most one per variant)")
     parser.add_argument("--out", default="reports/gpu", help="directory for gpu.json and the exports (default reports/gpu)")
     parser.add_argument("--exports-dir", help="where the exports are made, and reused by later runs (default OUT/exports)")

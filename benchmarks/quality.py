@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
-from attnserve.service.contract.export_format import parse_param
+from attnserve.service.contract.export_format import DEFAULT_PRECISION, parse_param
 from attnserve.service.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
@@ -61,6 +61,12 @@ def configure(parser):
     parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE", help="override a variant parameter (repeatable)")
     parser.add_argument("--weights", action="append", default=[], metavar="VARIANT=DIR",
                         help="run VARIANT with the adapted weights in DIR (`attnserve adapt variant --out DIR`); its rows are named VARIANT+adapted (repeatable)")
+    parser.add_argument("--precision", default=DEFAULT_PRECISION, metavar="P[,P]",
+                        help="also score each variant's export at these precisions (int8, float16) beside float32, "
+                             "through ONNX Runtime; their rows are named VARIANT@PRECISION")
+    parser.add_argument("--exports-dir", default="~/.cache/attnserve",
+                        help="where --precision's exports are made or found, a folder per recipe (default: the one "
+                             "`attnserve serve` uses, which then serves the export scored)")
     parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True, help="also score the 512-token-server baselines")
     parser.add_argument("--cosine", action=argparse.BooleanOptionalAction, default=True, help="also measure each variant's cosine to full on the first 512 tokens")
     parser.add_argument("--by-layer", action="store_true", help="also each variant's cosine to full on the first 512 tokens "
@@ -143,13 +149,24 @@ def baselines(rows, encodings, args) -> list[dict]:
     return results
 
 
-def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_dir=None) -> list[dict]:
+def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_dir=None,
+                     precision: str = DEFAULT_PRECISION) -> list[dict]:
     """One pass per document; every pooling and the late chunks from the same hidden states.
-    `weights_dir`: adapted weights to load the encoder with."""
+    `weights_dir`: adapted weights to load the encoder with; a `precision` other than float32
+    runs the variant's export at that precision through ONNX Runtime instead of PyTorch."""
     from attnserve.models import load_encoder
 
-    encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     system = f"{variant}+adapted" if weights_dir is not None else variant
+    if precision == DEFAULT_PRECISION:
+        encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
+    else:
+        from attnserve.models.export import cached_export
+        from benchmarks.precision import ExportedEncoder
+
+        # With its attention maps: the export `attnserve serve --precision` makes, so it serves the one scored here.
+        export_dir = cached_export(Path(args.exports_dir).expanduser(), variant, params, args.max_length,
+                                   weights=weights_dir, precision=precision, log=lambda m: print(m, flush=True))
+        encoder, system = ExportedEncoder(export_dir, torch.get_num_threads()), f"{system}@{precision}"
     weights = [float(w) for w in str(args.opening_weight).split(",") if w]
     poolings = {}
     for mode in (m for m in args.poolings.split(",") if m):
@@ -214,6 +231,7 @@ def _row(system, result, seconds, documents, variant="", params=None, pooling="m
 
 def quality_command(args) -> int:
     from attnserve.models import load_encoder
+    from attnserve.models.registry import make_config, precision_refused
 
     rows = load_documents(args.data, args.limit)
     params: dict[str, dict] = {}
@@ -228,6 +246,12 @@ def quality_command(args) -> int:
         params.setdefault(variant, {})[name] = value
     variants = [v for v in args.variants.split(",") if v] + list(args.schedule)
     weights_dirs = parse_weights(args.weights, variants)
+    from benchmarks.precision import parse_precisions
+
+    try:
+        precisions = parse_precisions(args.precision)
+    except ValueError as exc:
+        raise SystemExit(f"--precision: {exc}") from None
     print(f"{len(rows)} documents from {args.data}, cut at {args.max_length} tokens; chunks of {args.chunk_tokens} tokens"
           f"{f', overlap {args.overlap_tokens}' if args.overlap_tokens else ''}", flush=True)
     out = Path(args.out)
@@ -263,8 +287,14 @@ def quality_command(args) -> int:
         teacher = load_encoder(args.by_layer_against, max_length=args.max_length)
     layer_rows = []
     for variant in variants:
-        with torch.no_grad():
-            emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head, weights_dirs.get(variant)))
+        refused = precision_refused(make_config(variant, args.max_length, **params.get(variant, {})))
+        for precision in precisions:
+            if precision in refused:  # the other precisions still run
+                print(f"{variant} cannot be exported in {precision}: {refused[precision]}", flush=True)
+                continue
+            with torch.no_grad():
+                emit(evaluate_variant(variant, params.get(variant, {}), rows, args, full_head, weights_dirs.get(variant),
+                                      precision))
         if args.by_layer:
             layer_rows.append(layer_row(variant, params.get(variant, {}), encodings, args, teacher, weights_dirs.get(variant)))
     plot(csv_path, out / "quality.png")

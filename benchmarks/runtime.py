@@ -58,6 +58,10 @@ def configure_bench_runtime(parser) -> None:
     parser.add_argument("--optimize", action="store_true", help="export with the exporter's onnxscript optimiser")
     parser.add_argument("--output-pruning", action="store_true", help="also measure embedding-only requests on a graph with attention outputs")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    parser.add_argument("--precision", default=None, metavar="P[,P]",
+                        help="time ONNX Runtime at these precisions (int8, float16) beside float32 instead of against "
+                             "PyTorch: median of --repeats rounds (default 5), speedup over float32, embedding cosine "
+                             "to float32, and the ceiling float32's matrix-product share sets")
     parser.add_argument("--short-inputs", action="store_true",
                         help="time short texts through OnnxRunner on every variant as a latency ratio to full")
     parser.add_argument("--max-length", type=int, default=SHORT_EXPORT_LENGTH,
@@ -341,6 +345,26 @@ def schedule_ratios(rows: list[dict], schedules, lengths) -> list[str]:
             "", *lines]
 
 
+def _precision_command(args, names: list[str], lengths: list[int]) -> int:
+    from benchmarks.precision import bench_precision, parse_precisions, precision_table
+
+    try:
+        precisions = parse_precisions(args.precision)
+    except ValueError as exc:
+        print(f"attnserve bench runtime: --precision: {exc}", file=sys.stderr)
+        return 2
+    rows = bench_precision(names, lengths, precisions, args.repeats or 5, args.threads, args.exports_dir,
+                           log=lambda m: print(m, flush=True))
+    print()
+    print(f"ONNX Runtime at each precision against float32, batch 1, {args.threads or torch.get_num_threads()} threads, "
+          f"median of {args.repeats or 5} rounds (speedup = float32 time / its time)")
+    print()
+    print("\n".join(precision_table(rows, precisions)))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"precision": rows}, indent=2) + "\n")
+    return 0
+
+
 def bench_runtime_command(args) -> int:
     from attnserve.models import variant_names
 
@@ -364,6 +388,8 @@ def bench_runtime_command(args) -> int:
     except ValueError:
         print(f"attnserve bench runtime: --lengths takes comma-separated integers (got {args.lengths!r})", file=sys.stderr)
         return 2
+    if args.precision is not None:
+        return _precision_command(args, names, lengths)
     if args.short_inputs:
         if not lengths or min(lengths) < 2 or max(lengths) > args.max_length:
             print(f"attnserve bench runtime: --lengths must be in 2..--max-length {args.max_length} (got {lengths})", file=sys.stderr)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from attnserve.models.attention.base import AttentionConfig
 from attnserve.models.registry import VARIANTS, cost, exact_up_to, make_config, parameters, variant_names
+from attnserve.service.contract.export_format import PRECISIONS
 from attnserve.models.schedule import FORMS, PRESETS, layer_variants
 
 
@@ -22,15 +23,19 @@ def exactness(name: str, max_length: int = VARIANTS_MAX_LENGTH) -> str:
 
 def variants_table() -> list[str]:
     """The variants as a Markdown table (what `attnserve variants` prints and README.md shows):
-    cost, where each is exactly full attention, and the parameters of its own with defaults."""
+    cost, where each is exactly full attention, the export precisions it takes (and why not the
+    others) and the parameters of its own with defaults."""
     variant_names()
     common = {f.name for f in dataclasses.fields(AttentionConfig)}
-    lines = ["| variant | cost | exact full attention | parameters (defaults) |", "|---|---|---|---|"]
+    lines = ["| variant | cost | exact full attention | precisions | parameters (defaults) |", "|---|---|---|---|---|"]
+    refusals = []
     for name, cls in VARIANTS.items():
         own = ", ".join(f"{k}={v!r}" for k, v in parameters(name).items() if k not in common) or "-"
-        lines.append(f"| {name} | {cls.cost} | {exactness(name)} | {own} |")
+        takes = ", ".join(p for p in PRECISIONS if p not in cls.precisions_refused)
+        lines.append(f"| {name} | {cls.cost} | {exactness(name)} | {takes} | {own} |")
+        refusals += [f"- {name} cannot be exported in {p}: {why}." for p, why in cls.precisions_refused.items()]
     shared = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(AttentionConfig))
-    return [*lines, "", f"Every variant also takes {shared}."]
+    return [*lines, "", f"Every variant also takes {shared}.", *([""] + refusals if refusals else [])]
 
 
 def schedules_table(schedules) -> list[str]:

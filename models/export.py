@@ -7,6 +7,7 @@ attnserve.service.contract.export_format, which this module writes through. The 
                        needs, and tracing one graph to ONNX (export_graph)
     export_lengths.py  how long each graph's inputs may be, from the variant's class
     export_verify.py   the parity check of a graph against PyTorch
+    export_precision.py  int8 and float16: a float32 export's graphs converted after tracing
     export.py          this: the recipe an export is cached under, export_model / export_encoder
                        (graphs, check, manifest) and the `attnserve export` command
 
@@ -41,25 +42,30 @@ from attnserve.models.export_graphs import (  # noqa: F401 - the export API, imp
     full_attention_encoder, with_spare_position)
 from attnserve.models.export_lengths import (  # noqa: F401
     ANALYSIS_BUDGET_BYTES, analysis_max_length, length_multiple, short_graph_length)
+from attnserve.models.export_precision import MIN_COSINE, check_precision, convert_graphs
 from attnserve.models.export_verify import (  # noqa: F401
     DISCONTINUOUS_MIN_COSINE, EMBEDDING_TOL, HIDDEN_TOL, cosines, is_discontinuous, ort_session, verify_embedding_graph)
 from attnserve.models.pretrained import model_dir
-from attnserve.models.registry import make_config
+from attnserve.models.registry import make_config, precision_refused
 from attnserve.models.schedule import layer_variants
 from attnserve.service.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
-    EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, TOKENIZER_FILE, Manifest,
-    code_sha256, export_name, file_records, package_version, pad_to, parse_params, recipe_sha256, sha256, weights_file, write_manifest)
+    DEFAULT_PRECISION, EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, PRECISIONS,
+    TOKENIZER_FILE, Manifest, code_sha256, export_name, file_records, package_version, pad_to, parse_params, read_manifest,
+    recipe_sha256, sha256, weights_file, write_manifest)
 
 MAX_BATCH = 1024
 
 
 def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str | None = None, *, analysis: bool = True,
-                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH) -> dict:
+                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH,
+                  precision: str = DEFAULT_PRECISION) -> dict:
     """Everything an export's graphs depend on: the variant's resolved parameters (so a default
-    spelled out is the same export), max_length, the adapted weights, the code that builds the
-    graphs and the versions of what converts them. `attnserve serve` caches an export under
-    its digest (service.exports.export_path), and the manifest records it."""
-    return {
+    spelled out is the same export), max_length, the adapted weights, the precision, the code
+    that builds the graphs and the versions of what converts them. `attnserve serve` caches an
+    export under its digest (service.exports.export_path), and the manifest records it.
+    ValueError for a precision the variant cannot take."""
+    check_variant_precision(config, precision)
+    return at_precision({
         "variant": config.variant,
         "parameters": json.loads(json.dumps(config.as_params(), default=str)),
         "max_length": max_length,
@@ -70,29 +76,55 @@ def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str 
         "analysis": analysis,
         "optimize": optimize,
         "max_batch": max_batch,
+        "precision": DEFAULT_PRECISION,
         "versions": {name: package_version(name) for name in ("torch", "onnx", "onnxscript")},
-    }
+    }, precision)
+
+
+def at_precision(recipe: dict, precision: str) -> dict:
+    """A float32 export's recipe made that of the same export at `precision`: what converting
+    adds, the precision and ONNX Runtime (its quantizer and optimiser convert) among the versions."""
+    if check_precision(precision) == DEFAULT_PRECISION:
+        return recipe
+    return {**recipe, "precision": precision, "versions": {**recipe["versions"], "onnxruntime": _ort_version()}}
+
+
+def check_variant_precision(config, precision: str) -> None:
+    """ValueError naming the variant, the precision and why, for a pair that cannot be exported
+    (`Attention.precisions_refused`); the precisions it takes otherwise."""
+    check_precision(precision)
+    refused = precision_refused(config)
+    if precision in refused:
+        takes = ", ".join(p for p in PRECISIONS if p not in refused)
+        raise ValueError(f"{config.variant} cannot be exported in {precision}: {refused[precision]}; it takes {takes}")
+
+
+def _encoder_for(variant: str, params: dict, max_length: int, weights=None) -> Encoder:
+    """The PyTorch encoder an export of these is traced from: built for inputs padded up to the
+    variant's length multiple, since the graph runs on those."""
+    multiple = length_multiple(variant, make_config(variant, max_length, **params))
+    return load_encoder(variant, -(-max_length // multiple) * multiple, weights=weights, **params)
 
 
 def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
-                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None, log=print) -> Path:
+                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None,
+                 precision: str = DEFAULT_PRECISION, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
     model.onnx (+ .data), analysis.onnx (+ .data) unless analysis=False, tokenizer.json and
     manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
-    them and the manifest records their sha256. Returns out_dir. Raises ValueError for bad
-    variant/params (WeightsError for weights that do not fit) and ExportFailed when the
-    export is not faithful."""
-    config = make_config(variant, max_length, **params)
-    multiple = length_multiple(variant, config)
-    # The graph runs on inputs padded up to the multiple, so the encoder is built for that.
-    capacity = -(-max_length // multiple) * multiple
-    encoder = load_encoder(variant, capacity, weights=weights, **params)
+    them and the manifest records their sha256; `precision` int8 or float16 converts the
+    graphs (export_precision.py). Returns out_dir. Raises ValueError for bad variant/params or
+    a precision the variant cannot take (WeightsError for weights that do not fit) and
+    ExportFailed when the export is not faithful."""
+    check_variant_precision(make_config(variant, max_length, **params), precision)
+    encoder = _encoder_for(variant, params, max_length, weights)
     return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
-                          opset=opset, optimize=optimize, max_batch=max_batch, log=log)
+                          opset=opset, optimize=optimize, max_batch=max_batch, precision=precision, log=log)
 
 
 def cached_export(root, variant: str, params: dict | None, max_length: int, *, analysis: bool = True,
-                  verify: bool = True, optimize: bool = False, weights=None, log=print) -> Path:
+                  verify: bool = True, optimize: bool = False, weights=None, precision: str = DEFAULT_PRECISION,
+                  log=print) -> Path:
     """The export of this recipe under root, made first if it is not there yet: in
     root/export_name(recipe), the folder `attnserve serve --models-dir root` looks in, so a
     server can serve straight from the cache. The recipe covers the variant's resolved
@@ -107,14 +139,21 @@ def cached_export(root, variant: str, params: dict | None, max_length: int, *, a
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     recipe = export_recipe(make_config(variant, max_length, **params), max_length,
-                           sha256(weights_file(weights)) if weights else None, analysis=analysis, optimize=optimize)
+                           sha256(weights_file(weights)) if weights else None, analysis=analysis, optimize=optimize,
+                           precision=precision)
     target = root / export_name(recipe)
     with FileLock(str(target) + ".lock"):
         if not (target / MANIFEST_FILE).is_file():
             scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
             try:
-                export_model(variant, params, max_length, scratch, analysis=analysis, verify=verify, optimize=optimize,
-                             weights=weights, log=log)
+                if precision == DEFAULT_PRECISION:
+                    export_model(variant, params, max_length, scratch, analysis=analysis, verify=verify, optimize=optimize,
+                                 weights=weights, log=log)
+                else:
+                    base = cached_export(root, variant, params, max_length, analysis=analysis, verify=verify,
+                                         optimize=optimize, weights=weights, log=log)
+                    convert_export(base, scratch, precision, _encoder_for(variant, params, max_length, weights),
+                                   verify=verify, log=log)
                 try:
                     os.replace(scratch, target)  # replaces a missing or empty folder only
                 except OSError as exc:
@@ -127,10 +166,83 @@ def cached_export(root, variant: str, params: dict | None, max_length: int, *, a
 
 def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, params: dict | None = None,
                    analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = False,
-                   max_batch: int = MAX_BATCH, log=print) -> Path:
+                   max_batch: int = MAX_BATCH, precision: str = DEFAULT_PRECISION, log=print) -> Path:
     """export_model for an encoder already built (its max_length must be a multiple of the
     variant's length multiple, or max_length given and at most it). Adapted weights loaded
-    into it (encoder.weights) are recorded in the manifest."""
+    into it (encoder.weights) are recorded in the manifest. At int8 or float16 the float32
+    export is made in a scratch folder beside out_dir and converted into out_dir."""
+    check_variant_precision(encoder.attention_config, precision)
+    kwargs = dict(max_length=max_length, params=params, analysis=analysis, opset=opset, optimize=optimize,
+                  max_batch=max_batch, log=log)
+    if precision == DEFAULT_PRECISION:
+        return _export_float32(encoder, out_dir, verify=verify, **kwargs)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-float32-", dir=out_dir.parent))
+    try:
+        # Not checked itself: the converted graphs are, against the same PyTorch encoder.
+        _export_float32(encoder, scratch, verify=False, **kwargs)
+        return convert_export(scratch, out_dir, precision, encoder, verify=verify, log=log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_lengths(max_length: int, multiple: int) -> list[int]:
+    """The lengths an embedding graph is checked at: one inside the first block, one past two
+    blocks and not a multiple of one."""
+    short = min(max_length, max(5, multiple // 2 + 3))
+    longer = min(max_length, max(2 * multiple + 37, 300))
+    return sorted({short, longer})
+
+
+def _short_check_lengths(short_length: int) -> list[int]:
+    return sorted({min(short_length, 13), short_length // 2 + 1, short_length})
+
+
+def convert_export(base_dir, out_dir, precision: str, encoder: Encoder, *, verify: bool = True, log=print) -> Path:
+    """The float32 export in base_dir, at `precision` in out_dir: every graph converted
+    (export_precision.py), the embedding graphs checked against the PyTorch float32 `encoder`
+    it was made from (embedding cosine at least MIN_COSINE[precision]), and its manifest with
+    the precision, the checks and the recipe of the converted export."""
+    started = time.perf_counter()
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    base = read_manifest(base_dir)
+    check_variant_precision(encoder.attention_config, precision)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (*GRAPH_FILES, META_FILE, MANIFEST_FILE):
+        (out_dir / stale).unlink(missing_ok=True)
+    data = base.as_json()
+    graphs = data["graphs"]
+    log(f"converting {base.variant} to {precision} ({base_dir} -> {out_dir})")
+    convert_graphs(base_dir, out_dir, [graph["file"] for graph in graphs.values()], precision, log)
+    for name in (TOKENIZER_FILE, META_FILE):
+        if (base_dir / name).is_file():
+            shutil.copyfile(base_dir / name, out_dir / name)
+    verified = None
+    if verify:
+        bound = MIN_COSINE[precision]
+        verified = verify_embedding_graph(encoder, out_dir / "model.onnx", base.length_multiple,
+                                          _check_lengths(base.max_length, base.length_multiple), log, min_cosine=bound)
+        if "short" in graphs:
+            graphs["short"]["verified"] = verify_embedding_graph(
+                encoder, out_dir / "short.onnx", 1, _short_check_lengths(graphs["short"]["max_length"]), log,
+                discontinuous=False, min_cosine=bound)
+    files = file_records(out_dir, (*GRAPH_FILES, TOKENIZER_FILE, META_FILE))
+    recipe = at_precision(base.recipe, precision)
+    manifest = Manifest.model_validate({
+        **data, "precision": precision, "graphs": graphs, "files": files, "sha256": files["model.onnx"].sha256,
+        "verified": verified, "versions": {**base.versions, "onnxruntime": _ort_version()},
+        "recipe": recipe, "recipe_sha256": recipe_sha256(recipe),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "export_seconds": round((base.export_seconds or 0.0) + time.perf_counter() - started, 1),
+    })
+    write_manifest(out_dir, manifest)
+    log(f"wrote {out_dir} ({precision}) in {time.perf_counter() - started:.1f}s")
+    return out_dir
+
+
+def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params: dict | None, analysis: bool,
+                    verify: bool, opset: int, optimize: bool, max_batch: int, log) -> Path:
     import onnx
     import onnxscript
 
@@ -156,10 +268,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
                       max_batch, opset, optimize, log)
     verified = None
     if verify:
-        # One length inside the first block, one past two blocks and not a multiple of one.
-        short = min(max_length, max(5, multiple // 2 + 3))
-        longer = min(max_length, max(2 * multiple + 37, 300))
-        verified = verify_embedding_graph(encoder, out_dir / "model.onnx", multiple, sorted({short, longer}), log)
+        verified = verify_embedding_graph(encoder, out_dir / "model.onnx", multiple, _check_lengths(max_length, multiple), log)
 
     graphs = {"embedding": {"file": "model.onnx", "outputs": list(EMBEDDING_OUTPUTS)}}
     short_length = short_graph_length(config, max_length, encoder)
@@ -173,9 +282,8 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         if verify:
             # Against the variant's own encoder: that is what the runner stands the graph in for.
             # Exact attention takes no discrete decision, so LSH too is held to max abs diff.
-            lengths = sorted({min(short_length, 13), short_length // 2 + 1, short_length})
-            graphs["short"]["verified"] = verify_embedding_graph(encoder, out_dir / "short.onnx", 1, lengths, log,
-                                                                 discontinuous=False)
+            graphs["short"]["verified"] = verify_embedding_graph(encoder, out_dir / "short.onnx", 1,
+                                                                 _short_check_lengths(short_length), log, discontinuous=False)
     if analysis:
         layout = analysis_layout(encoder, min(capacity, 2 * multiple))
         names, attention = [], []
@@ -215,6 +323,7 @@ def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, 
         "num_layers": shape.num_layers,
         "num_heads": shape.num_heads,
         "layer_variants": layer_variants(config),
+        "precision": DEFAULT_PRECISION,
         "opset": opset,
         "inputs": {name: {"dtype": "int64", "shape": ["batch", f"sequence ({multiple} * k)"]} for name in INPUT_NAMES},
         "outputs": {
@@ -264,6 +373,9 @@ def configure_export(parser) -> None:
                         help="run the exporter's onnxscript optimiser too (2x slower export; ONNX Runtime optimises at load anyway)")
     parser.add_argument("--opset", type=int, default=OPSET)
     parser.add_argument("--weights", metavar="DIR", help="adapted weights to export with (a directory `attnserve adapt` wrote)")
+    parser.add_argument("--precision", default=DEFAULT_PRECISION, choices=PRECISIONS,
+                        help="of the weight matrix products: float32 (as trained), int8 (dynamic quantization, for CPUs) "
+                             "or float16 (for GPUs); `attnserve variants` lists the variants that cannot take one")
     parser.add_argument("--print-recipe", action="store_true",
                         help="print the recipe (JSON) this export would be made and cached under, and export nothing")
 
@@ -273,7 +385,7 @@ def recipe_of(args) -> dict:
     weights = sha256(weights_file(args.weights)) if args.weights else None
     config = make_config(args.variant, args.max_length, **parse_params(args.param))
     return export_recipe(config, args.max_length, weights, analysis=not args.no_analysis, opset=args.opset,
-                         optimize=args.optimize)
+                         optimize=args.optimize, precision=args.precision)
 
 
 def export_command(args) -> int:
@@ -284,7 +396,8 @@ def export_command(args) -> int:
         if not args.out:
             raise ValueError("--out DIR is required: the export directory to write")
         export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
-                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize, weights=args.weights)
+                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize, weights=args.weights,
+                     precision=args.precision)
     except (ValueError, ExportFailed) as exc:  # WeightsError is a ValueError
         print(f"attnserve export: error: {exc}", file=sys.stderr)
         return 2

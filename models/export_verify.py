@@ -50,13 +50,16 @@ def ort_session(path: Path, threads: int = 0):
 
 
 def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths: list[int], log=print,
-                           discontinuous: bool | None = None) -> dict:
+                           discontinuous: bool | None = None, min_cosine: float | None = None) -> dict:
     """ONNX Runtime (padded to the multiple) against PyTorch (unpadded) at each length, batch
     1 and 3 (padded rows). Raises ExportFailed past EMBEDDING_TOL / HIDDEN_TOL, or for a
-    discontinuous variant (unless discontinuous=False) below DISCONTINUOUS_MIN_COSINE."""
+    discontinuous variant (unless discontinuous=False) below DISCONTINUOUS_MIN_COSINE. With
+    `min_cosine` (a graph converted to int8 or float16) the embeddings' cosine to PyTorch's
+    float32 ones is held to it instead, and the abs diffs are only recorded."""
     session = ort_session(path)
     discontinuous = is_discontinuous(encoder.variant) if discontinuous is None else discontinuous
     worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0}
+    lowest = 1.0
     for length in lengths:
         for batch in (1, 3):
             ids, mask = example_inputs(batch, length, seed=length + batch)
@@ -71,6 +74,13 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
             worst["last_hidden_state"] = max(worst["last_hidden_state"], d_hid)
             if not np.isfinite(o_emb).all() or not np.isfinite(o_rank).all():
                 raise ExportFailed(f"{path.name} gives non-finite outputs at batch {batch}, {length} tokens")
+            if min_cosine is not None:
+                cos = float(cosines(o_emb, emb.numpy()).min())
+                lowest = min(lowest, cos)
+                if cos < min_cosine:
+                    raise ExportFailed(f"{path.name} is too far from PyTorch's float32 at batch {batch}, {length} tokens: "
+                                       f"embedding cosine {cos:.5f} (at least {min_cosine})")
+                continue
             if discontinuous and (d_emb > EMBEDDING_TOL or d_hid > HIDDEN_TOL):
                 # Hash buckets flipped on float rounding (see LSHAttention.discontinuous).
                 worst["exact"] = False
@@ -85,6 +95,8 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
                     f"{d_emb:.2e} (limit {EMBEDDING_TOL}), hidden states {d_hid:.2e} (limit {HIDDEN_TOL})"
                 )
     log(f"  verified {path.name} at lengths {lengths}, batch 1 and 3: max abs diff embedding "
-        f"{worst['sentence_embedding']:.1e}, hidden {worst['last_hidden_state']:.1e}")
-    exact = worst.pop("exact", True)
-    return {"lengths": lengths, "batches": [1, 3], "exact": exact, **{f"max_abs_diff_{k}": v for k, v in worst.items()}}
+        f"{worst['sentence_embedding']:.1e}, hidden {worst['last_hidden_state']:.1e}"
+        + (f", embedding cosine >= {lowest:.5f}" if min_cosine is not None else ""))
+    exact = worst.pop("exact", True) and min_cosine is None
+    cosine = {"min_cosine_sentence_embedding": lowest} if min_cosine is not None else {}
+    return {"lengths": lengths, "batches": [1, 3], "exact": exact, **{f"max_abs_diff_{k}": v for k, v in worst.items()}, **cosine}

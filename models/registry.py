@@ -101,6 +101,16 @@ def is_discontinuous(variant: str) -> bool:
     return any(variant_class(name).discontinuous for name in parse_schedule(variant, variant_names()))
 
 
+def precision_refused(config) -> dict[str, str]:
+    """The export precisions a variant or schedule cannot take, each with its reason (a
+    schedule's name the layer's variant): Attention.precisions_refused over its layers."""
+    refused: dict[str, str] = {}
+    for c in distinct_configs(config):
+        for precision, why in variant_class(c.variant).precisions_refused.items():
+            refused.setdefault(precision, why if c.variant == config.variant else f"its {c.variant} layers: {why}")
+    return refused
+
+
 def adapt_lr(config) -> float:
     """The learning rate `attnserve adapt` trains the layers with parameters of their own at."""
     return max(variant_class(c.variant).adapt_lr for c in distinct_configs(config))

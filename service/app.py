@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             path = path or exported_tokenizer
         context_heads = heads if heads is not False else await asyncio.to_thread(load_heads, settings, runner)
         max_length = min(settings.max_length, runner.max_length)
-        metrics = ServiceMetrics(runner.variant)
+        metrics = ServiceMetrics(runner.variant, runner.precision)
         batcher = TokenBudgetBatcher(
             runner,
             max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(runner.provider),

@@ -23,6 +23,7 @@ class Runner(Protocol):
     against these attributes before anything reaches it."""
 
     variant: str
+    precision: str  # of the export: float32, int8 or float16
     provider: str  # the execution provider that actually runs
     manifest: dict  # the export's manifest.json, as JSON
     max_length: int  # longest input the export runs, [CLS] and [SEP] included

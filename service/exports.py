@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
-    META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg, read_manifest,
+    DEFAULT_PRECISION, META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg, read_manifest,
     sha256, weights_file)
 from attnserve.service.contract.schedule import canonical_schedule, schedule_slug
 from attnserve.service.settings import Settings
@@ -53,6 +53,8 @@ def exporter_args(settings: Settings) -> list[str]:
     args = ["--variant", settings.variant, "--max-length", str(settings.max_length)]
     for key, value in settings.params.items():
         args += ["--param", param_arg(key, value)]
+    if settings.precision != DEFAULT_PRECISION:
+        args += ["--precision", settings.precision]
     return args + (["--weights", str(settings.weights)] if settings.weights is not None else [])
 
 
@@ -101,8 +103,14 @@ def export_path(settings: Settings) -> Path:
 
 
 def check_export_weights(target: Path, settings: Settings) -> None:
-    """An export given by export_dir must hold the weights --weights names (a name under
-    models_dir holds them by construction)."""
+    """An export given by export_dir must hold the weights --weights names, and be of the
+    precision --precision names where one is named (a name under models_dir holds both by
+    construction)."""
+    precision = read_manifest(target).precision if "precision" in settings.model_fields_set else settings.precision
+    if precision != settings.precision:
+        raise ExportError(f"{target / 'manifest.json'}: exported in {precision}, not {settings.precision}; export it in "
+                          f"{settings.precision} with `attnserve export --precision {settings.precision}`, or leave out "
+                          f"--precision (an export directory serves the precision it was made in)")
     expected = weights_sha256(settings)
     if expected is None:
         return
@@ -148,8 +156,8 @@ def ensure_export(settings: Settings) -> Path:
                 f"the export extra is installed (pip install 'attnserve[export]') with `{export_command(settings)}`, "
                 f"copy DIR here and serve it with --export-dir DIR"
             ) from exc
-    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s); this runs once%s", target, settings.variant,
-                settings.max_length, settings.params, settings.weights,
+    log.warning("no export at %s: exporting %s (max_length %d, params %s, weights %s, %s); this runs once%s", target,
+                settings.variant, settings.max_length, settings.params, settings.weights, settings.precision,
                 why_not_cached(settings, recipe) if settings.export_dir is None else "")
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +184,9 @@ def export_command(settings: Settings) -> str:
     """The `attnserve export` command line that makes the export these settings serve, into DIR."""
     params = "".join(f" --param {param_arg(key, value)}" for key, value in settings.params.items())
     weights = f" --weights {settings.weights}" if settings.weights is not None else ""
-    return f"attnserve export --variant {shlex.quote(settings.variant)}{params} --max-length {settings.max_length}{weights} --out DIR"
+    precision = f" --precision {settings.precision}" if settings.precision != DEFAULT_PRECISION else ""
+    return (f"attnserve export --variant {shlex.quote(settings.variant)}{params} --max-length {settings.max_length}"
+            f"{precision}{weights} --out DIR")
 
 
 def check_export_target(target: Path) -> None:
@@ -192,8 +202,8 @@ def check_export_target(target: Path) -> None:
 
 
 def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
-    """(directory, manifest) of each finished export under models_dir for this variant and
-    max_length, newest first."""
+    """(directory, manifest) of each finished export under models_dir for this variant,
+    max_length and precision, newest first."""
     found = []
     variant = canonical_schedule(settings.variant)
     for manifest_path in settings.models_dir.glob(f"{schedule_slug(variant)}-L{settings.max_length}-*/manifest.json"):
@@ -201,7 +211,7 @@ def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
             manifest = read_manifest(manifest_path.parent)
         except ExportError:
             continue
-        if manifest.variant == variant:
+        if manifest.variant == variant and manifest.precision == settings.precision:
             found.append((manifest_path.parent, manifest))
     return sorted(found, key=lambda item: item[1].created or "", reverse=True)
 
@@ -217,7 +227,7 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
     path, old = cached[0]
     differ = [key for key in recipe if old.get(key) != recipe[key]]
     reasons = {"code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
-               "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights"}
+               "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights", "precision": "another precision"}
     return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
 
 
@@ -243,7 +253,7 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
             check_export_weights(path, settings)
             return path
     raise ExportMissing(
-        f"no export of {settings.variant} at {settings.max_length} tokens for this attnserve's code under {settings.models_dir}, "
+        f"no {settings.precision} export of {settings.variant} at {settings.max_length} tokens for this attnserve's code under {settings.models_dir}, "
         f"and exporting one needs torch and models/ (pip install 'attnserve[export]'): {cause}; or export on another machine "
         f"(`{export_command(settings)}`) and serve it with --export-dir DIR"
     )

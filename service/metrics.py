@@ -1,8 +1,10 @@
 """Prometheus metrics (GET /metrics), one registry per app so tests can run several apps.
 
 Histograms of each hop a request takes (request, tokenization, queue, inference), of its input
-length in tokens and of the size of the inference batch it ran in, labelled by route and
-variant; counters of successes and of failures by reason.
+length in tokens and of the size of the inference batch it ran in, labelled by route, variant
+and precision (float32, int8 or float16: what the export runs, so that two deployments of one
+variant at two precisions stay apart on a dashboard); counters of successes and of failures by
+reason.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ TRACKED_ROUTES = ("/embed", "/embed_chunks", "/embed_all", "/decode", "/v1/embed
 class ServiceMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, variant: str):
-        self.variant = variant
+    def __init__(self, variant: str, precision: str = "float32"):
+        self.variant, self.precision = variant, precision
         self.registry = CollectorRegistry()
-        labels = ("route", "variant")
+        labels = ("route", "variant", "precision")
 
         def histogram(name, doc, buckets):
             return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
@@ -34,7 +36,7 @@ class ServiceMetrics:
         self.input_tokens = histogram("attnserve_input_tokens", "Tokens per input, [CLS] and [SEP] included", _TOKENS)
         self.batch_size = histogram("attnserve_batch_size", "Inputs in the inference batch a request's input ran in", _BATCH)
         self.successes = Counter("attnserve_requests_success", "Requests answered with 2xx", labels, registry=self.registry)
-        self.failures = Counter("attnserve_requests_failure", "Requests answered with an error", ("route", "variant", "reason"), registry=self.registry)
+        self.failures = Counter("attnserve_requests_failure", "Requests answered with an error", ("route", "variant", "precision", "reason"), registry=self.registry)
         self.queue_depth = Gauge("attnserve_queue_inputs", "Inputs waiting for an inference batch", registry=self.registry)
         self.cancelled = Counter("attnserve_requests_cancelled", "Requests whose work was stopped: client disconnected, deadline, or shutdown",
                                  ("reason",), registry=self.registry)
@@ -47,23 +49,23 @@ class ServiceMetrics:
 
     def observe_request(self, path: str, status: int, seconds: float, reason: str | None) -> None:
         route = self.route_label(path)
-        self.request_duration.labels(route, self.variant).observe(seconds)
+        self.request_duration.labels(route, self.variant, self.precision).observe(seconds)
         if status < 400:
-            self.successes.labels(route, self.variant).inc()
+            self.successes.labels(route, self.variant, self.precision).inc()
         else:
-            self.failures.labels(route, self.variant, reason or f"http_{status}").inc()
+            self.failures.labels(route, self.variant, self.precision, reason or f"http_{status}").inc()
 
     def observe_work(self, path: str, timings) -> None:
         """The per-hop timings of a request that reached the model."""
         route = self.route_label(path)
-        self.tokenization_duration.labels(route, self.variant).observe(timings.tokenization)
+        self.tokenization_duration.labels(route, self.variant, self.precision).observe(timings.tokenization)
         if timings.batch_sizes:
-            self.queue_duration.labels(route, self.variant).observe(timings.queue)
-            self.inference_duration.labels(route, self.variant).observe(timings.inference)
+            self.queue_duration.labels(route, self.variant, self.precision).observe(timings.queue)
+            self.inference_duration.labels(route, self.variant, self.precision).observe(timings.inference)
         for n in timings.input_tokens:
-            self.input_tokens.labels(route, self.variant).observe(n)
+            self.input_tokens.labels(route, self.variant, self.precision).observe(n)
         for size in timings.batch_sizes:
-            self.batch_size.labels(route, self.variant).observe(size)
+            self.batch_size.labels(route, self.variant, self.precision).observe(size)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

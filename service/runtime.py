@@ -95,6 +95,7 @@ class OnnxRunner:
         graph_files = [name for graph in self._graphs() for name in spec.graph_files(graph)]
         check_files(self.export_dir, spec, dict.fromkeys([*spec.files, *graph_files]))
         self.variant: str = spec.variant
+        self.precision: str = spec.precision
         self.max_length: int = spec.max_length
         self.length_multiple: int = spec.length_multiple
         self.min_length: int = spec.min_length

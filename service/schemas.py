@@ -323,6 +323,7 @@ class InfoResponse(BaseModel):
     model_name: str
     variant: str = Field(description="the attention variant, or the schedule (a variant per layer, e.g. linformer*5,longformer)")
     layer_variants: list[str] = Field(description="the variant each layer runs, layer 0 first")
+    precision: str = Field(description="of the export's weight matrix products: float32, int8 (CPUs) or float16 (GPUs)")
     parameters: dict
     pooling: PoolingInfo
     max_length: int

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from attnserve.service.contract.export_format import parse_params
+from attnserve.service.contract.export_format import DEFAULT_PRECISION, PRECISIONS, parse_params
 from attnserve.service.contract.pooling import Pooling
 
 VERSION = "0.1.0"
@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
+    precision: Literal[PRECISIONS] = Field(DEFAULT_PRECISION, description="of the export's weight matrix products: float32 (as trained), int8 (dynamic quantization: for CPUs) or float16 (for GPUs); exported so on first start (`attnserve variants` lists the variants that cannot take one)")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
     pooling: Literal["mean", "cls", "opening", "learned"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean), or learned (the context heads' pooling head; texts of at most one chunk get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")

@@ -22,6 +22,7 @@ class FakeRunner:
 
     provider = "FakeExecutionProvider"
     variant = "fake"
+    precision = "float32"
     max_batch = 1 << 30
     length_multiple = 1
 

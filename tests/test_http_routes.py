@@ -196,7 +196,7 @@ def test_tokenize_info_health_metrics(client):
                  "attnserve_inference_duration_seconds", "attnserve_input_tokens", "attnserve_batch_size", "attnserve_requests_success_total",
                  "attnserve_requests_failure_total"):
         assert name in text, name
-    assert 'route="/embed",variant="fake"' in text
+    assert 'precision="float32",route="/embed",variant="fake"' in text
     assert 'reason="too_long"' in text
 
 

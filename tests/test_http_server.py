@@ -150,8 +150,8 @@ def test_tokenize_and_metrics(client):
     toks = client.post("/tokenize", json={"inputs": "Hello attention"}).json()[0]
     assert [t["text"] for t in toks] == ["[CLS]", "hello", "attention", "[SEP]"]
     text = client.get("/metrics").text
-    assert 'attnserve_inference_duration_seconds_count{route="/embed",variant="longformer"}' in text
-    assert 'attnserve_requests_failure_total{reason="too_long",route="/embed",variant="longformer"}' in text
+    assert 'attnserve_inference_duration_seconds_count{precision="float32",route="/embed",variant="longformer"}' in text
+    assert 'attnserve_requests_failure_total{precision="float32",reason="too_long",route="/embed",variant="longformer"}' in text
 
 
 # -- bad input: each a 4xx JSON error, the server alive afterwards ----------------------------

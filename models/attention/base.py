@@ -99,6 +99,9 @@ class Attention(nn.Module):
     # argmax buckets): two runtimes whose matmuls differ by ~1e-6 can then decide differently,
     # so an export of it is held to embedding cosine, not to max abs diff (models/export.py).
     discontinuous: ClassVar[bool] = False
+    # Export precisions (service.contract.export_format.PRECISIONS) the variant cannot take,
+    # each with the reason `attnserve variants` and the refusal give.
+    precisions_refused: ClassVar[dict[str, str]] = {}
     # Adam's learning rate for `attnserve adapt` (models/adapt.py); 0 for variants with no
     # parameters of their own.
     adapt_lr: ClassVar[float] = 0.0

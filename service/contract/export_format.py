@@ -42,6 +42,11 @@ MIN_LENGTH = 2
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "adapt.json"
 EXPORT_COMMAND = "attnserve export --variant VARIANT [--param KEY=VALUE ...] --max-length N --out DIR"
+# The numeric precision of an export's weight matrix products (models/export_precision.py):
+# float32 as trained; int8, ONNX Runtime's dynamic quantization, for CPUs; float16 for GPUs.
+# Inputs and outputs are the same in all three.
+PRECISIONS = ("float32", "int8", "float16")
+DEFAULT_PRECISION = "float32"
 
 
 class ExportError(Exception):
@@ -114,6 +119,7 @@ class Manifest(_Record):
     num_layers: int
     num_heads: int
     layer_variants: list[str] = []  # the variant each layer runs (a schedule's differ); older exports: none
+    precision: str = DEFAULT_PRECISION  # of the weight matrix products (PRECISIONS)
     opset: int | None = None
     inputs: dict[str, Any] = {}
     outputs: dict[str, Any] = {}
@@ -138,7 +144,8 @@ class Manifest(_Record):
         return [main] + ([main + ".data"] if main + ".data" in self.files else [])
 
     def describe(self) -> str:
-        return (f"{self.variant} at {self.max_length} tokens, made {self.created or '?'} by attnserve "
+        precision = "" if self.precision == DEFAULT_PRECISION else f" in {self.precision}"
+        return (f"{self.variant}{precision} at {self.max_length} tokens, made {self.created or '?'} by attnserve "
                 f"{self.recipe.get('attnserve', '?')} (code {str(self.recipe.get('code_sha256', '?'))[:10]}) with torch "
                 f"{self.versions.get('torch', '?')}")
 
@@ -242,8 +249,11 @@ def recipe_sha256(recipe: dict) -> str:
 def export_name(recipe: dict) -> str:
     """The folder of a models directory that holds the export of `recipe` (the exporter's
     --print-recipe): where `attnserve serve --models-dir` looks, and where the exporter's own
-    cache (attnserve.models.export.cached_export) puts it."""
-    return f"{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{recipe_sha256(recipe)[:12]}"
+    cache (attnserve.models.export.cached_export) puts it; an int8 or float16 export says so
+    in its name too."""
+    precision = recipe.get("precision", DEFAULT_PRECISION)
+    spelled = "" if precision == DEFAULT_PRECISION else f"{precision}-"
+    return f"{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{spelled}{recipe_sha256(recipe)[:12]}"
 
 
 # --------------------------------------------------------------------------- inputs

@@ -35,6 +35,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         model_name=service.model_name,
         variant=service.variant,
         layer_variants=service.layer_variants,
+        precision=service.runner.precision,
         parameters=manifest.get("parameters", manifest.get("params", s.params)) or {},
         pooling=_pooling_info(service.pooling),
         max_length=service.max_length,
