@@ -60,9 +60,11 @@ ARG VARIANT=longformer
 # Space-separated key=value pairs, e.g. "window=512 n_hashes=4".
 ARG PARAMS=""
 ARG MAX_LENGTH=16384
+# float32, int8 (for CPUs) or float16 (for GPUs): the precision of the weight matrix products.
+ARG PRECISION=float32
 RUN set -e; args=""; \
     for kv in $PARAMS; do args="$args --param $kv"; done; \
-    attnserve export --variant "$VARIANT" $args --max-length "$MAX_LENGTH" --out /export \
+    attnserve export --variant "$VARIANT" $args --max-length "$MAX_LENGTH" --precision "$PRECISION" --out /export \
     && ls -l /export
 
 # ---------------------------------------------------------------------------------------
@@ -78,17 +80,20 @@ RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-de
     && rm -rf /src/build /src/*.egg-info
 ARG VARIANT=longformer
 ARG MAX_LENGTH=16384
+ARG PRECISION=float32
 COPY --from=export --chown=root:root /export /opt/attnserve/export
 # 0.0.0.0 so `docker run -p` works; compose and the smoke test use host networking and
 # set ATTNSERVE_HOST=127.0.0.1.
 ENV ATTNSERVE_EXPORT_DIR=/opt/attnserve/export \
     ATTNSERVE_VARIANT=${VARIANT} \
     ATTNSERVE_MAX_LENGTH=${MAX_LENGTH} \
+    ATTNSERVE_PRECISION=${PRECISION} \
     ATTNSERVE_HOST=0.0.0.0 \
     ATTNSERVE_PORT=8080
 LABEL org.opencontainers.image.title="attnserve-${VARIANT}" \
       attnserve.variant="${VARIANT}" \
-      attnserve.max_length="${MAX_LENGTH}"
+      attnserve.max_length="${MAX_LENGTH}" \
+      attnserve.precision="${PRECISION}"
 USER attnserve
 WORKDIR /home/attnserve
 EXPOSE 8080

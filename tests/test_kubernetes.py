@@ -145,7 +145,12 @@ def test_one_overlay_per_compose_variant_with_its_image(rendered):
         objects = rendered[f"overlays/{variant}"]
         deployment = one(objects, "Deployment")
         assert deployment["metadata"]["name"] == f"attnserve-{variant}"
-        assert deployment["spec"]["template"]["metadata"]["labels"]["attnserve.variant"] == variant
+        built = COMPOSE[variant]["build"]["args"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["attnserve.variant"] == built["VARIANT"]
+        # Two precisions of one variant are two Deployments whose selectors never match each other's pods.
+        assert labels["attnserve.precision"] == built.get("PRECISION", "float32")
+        assert deployment["spec"]["selector"]["matchLabels"]["attnserve.precision"] == labels["attnserve.precision"]
         assert container(objects)["image"] == COMPOSE[variant]["image"]
 
 
