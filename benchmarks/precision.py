@@ -185,6 +185,7 @@ class ExportedEncoder:
 
         self.runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
         self.tokenizer = Tokenizer.from_file(str(Path(export_dir) / "tokenizer.json"))
+        self.tokenizer.no_padding()  # the file pads a batch to its longest text, which would feed [PAD] as tokens
         self.tokenizer.enable_truncation(self.runner.max_length)
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:

@@ -186,5 +186,22 @@ def test_bench_quality_scores_an_int8_export_beside_float32(tmp_path):
     import csv
 
     rows = {(r["system"], r["representation"]): r for r in csv.DictReader(open(tmp_path / "quality.csv"))}
+    # The export's tokenizer pads no batch: a short query's states are its own tokens' only,
+    # the same beside a long text as alone (float32; int8 quantizes each batch's activations
+    # with one scale, so there a text's vector moves a little with its batch).
+    from benchmarks.precision import ExportedEncoder
+
+    int8, base, _ = converted("local,full", 512, {"window": 16}, "int8")
+    for export_dir, bound in ((base, 1e-4), (int8, None)):
+        exported = ExportedEncoder(export_dir)
+        ids = exported.tokenize(["short query", TEXT])
+        assert len(ids[0]) == 4 and len(ids[1]) > 100
+        together, alone = exported.token_states(ids)[0], exported.token_states(ids[:1])[0]
+        assert together.shape == alone.shape
+        if bound:
+            assert np.abs(together - alone).max() < bound
+        else:
+            a, b = together.mean(0), alone.mean(0)
+            assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.98
     assert set(rows) == {(s, r) for s in ("local,full", "local,full@int8") for r in ("one vector", "late chunks MaxP")}
     assert json.loads(rows[("local,full@int8", "one vector")]["params"]) == {"window": 16}
