@@ -46,32 +46,23 @@ def products_free(graph: Path, out: Path) -> Path:
     """`graph` (float32) with every weight product (export_precision.weight_products) replaced
     by a copy of its input cut or tiled to the product's width: the same graph around free
     products, whose outputs mean nothing. Timing only."""
-    import onnx
     from onnx import helper, numpy_helper
 
-    from attnserve.models.export_precision import _folded, _named, weight_products
+    from attnserve.models.export_precision import _folded, rewrite_products
 
-    _folded(graph, out)
-    model = onnx.load(str(out))
-    _named(model)
-    products = set(weight_products(model))
-    widths = {t.name: t.dims for t in model.graph.initializer}
-    nodes = []
-    for node in model.graph.node:
-        if node.name not in products:
-            nodes.append(node)
-            continue
-        x, w = node.input
-        din, dout = widths[w]
+    def copied(node, weight, model):
+        din, dout = weight.dims
         wide = f"{node.name}.tiled"
-        nodes.append(helper.make_node("Concat", [x] * -(-dout // din), [wide], axis=-1, name=wide))
         cut = [numpy_helper.from_array(np.array([v], dtype=np.int64), f"{node.name}.{k}") for k, v in
                (("start", 0), ("end", dout), ("axis", -1))]
         model.graph.initializer.extend(cut)
-        nodes.append(helper.make_node("Slice", [wide, *(t.name for t in cut)], [node.output[0]], name=node.name))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    onnx.save(model, str(out), save_as_external_data=True, location=out.name + ".data")
+        return [helper.make_node("Concat", [node.input[0]] * -(-dout // din), [wide], axis=-1, name=wide),
+                helper.make_node("Slice", [wide, *(t.name for t in cut)], [node.output[0]], name=node.name)]
+
+    with tempfile.TemporaryDirectory(prefix="attnserve-products-free-") as scratch:
+        folded = Path(scratch) / "folded.onnx"
+        _folded(graph, folded)
+        rewrite_products(folded, out, copied)
     return out
 
 

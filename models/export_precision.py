@@ -84,29 +84,19 @@ def _int8(folded: Path, dst: Path) -> None:
                      nodes_to_quantize=nodes, use_external_data_format=True)
 
 
-def _float16(folded: Path, dst: Path) -> None:
-    import numpy as np
+def rewrite_products(src: Path, dst: Path, rewrite) -> None:
+    """src with every weight product replaced by the nodes `rewrite(node, weight, model)` gives
+    (it may add initializers to model.graph); weights nothing reads any more are dropped.
+    Saved as dst (+ dst.data)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
-    model = onnx.load(str(folded))
+    model = onnx.load(str(src))
     _named(model)
     products = set(weight_products(model))
     weights = {t.name: t for t in model.graph.initializer}
-    halved: dict[str, str] = {}
     nodes = []
     for node in model.graph.node:
-        if node.name not in products:
-            nodes.append(node)
-            continue
-        x, w = node.input
-        if w not in halved:
-            halved[w] = f"{w}.float16"
-            model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(weights[w]).astype(np.float16), halved[w]))
-        x16, y16 = f"{node.name}.input.float16", f"{node.name}.output.float16"
-        nodes += [helper.make_node("Cast", [x], [x16], to=TensorProto.FLOAT16, name=f"{node.name}.cast_input"),
-                  helper.make_node("MatMul", [x16, halved[w]], [y16], name=node.name),
-                  helper.make_node("Cast", [y16], [node.output[0]], to=TensorProto.FLOAT, name=f"{node.name}.cast_output")]
+        nodes += rewrite(node, weights[node.input[1]], model) if node.name in products else [node]
     used = {name for node in nodes for name in node.input}
     kept = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
@@ -114,6 +104,25 @@ def _float16(folded: Path, dst: Path) -> None:
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+
+
+def _float16(folded: Path, dst: Path) -> None:
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    halved: dict[str, str] = {}  # a weight two products share is stored once
+
+    def in_float16(node, weight, model):
+        if weight.name not in halved:
+            halved[weight.name] = f"{weight.name}.float16"
+            model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16),
+                                                                   halved[weight.name]))
+        x16, y16 = f"{node.name}.input.float16", f"{node.name}.output.float16"
+        return [helper.make_node("Cast", [node.input[0]], [x16], to=TensorProto.FLOAT16, name=f"{node.name}.cast_input"),
+                helper.make_node("MatMul", [x16, halved[weight.name]], [y16], name=node.name),
+                helper.make_node("Cast", [y16], [node.output[0]], to=TensorProto.FLOAT, name=f"{node.name}.cast_output")]
+
+    rewrite_products(folded, dst, in_float16)
 
 
 CONVERTERS = {"int8": _int8, "float16": _float16}
