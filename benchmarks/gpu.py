@@ -667,7 +667,8 @@ def run(args) -> dict:
         "environment": env,
         "settings": {"variants": names, "lengths": lengths, "batch": 1, "repeats": args.repeats, "cell_seconds": CELL_SECONDS,
                      "seed": args.seed, "weights": f"seeded random (BERT initialisation, std {INIT_STD})",
-                     "bf16": BF16, "torch_tf32": False, "precision": args.precision, "refused": refused, "providers": Device(dry).providers, "export_jobs": jobs,
+                     "bf16": BF16, "torch_tf32": False, "precision": args.precision, "refused": refused,
+                     "providers": Device(dry).providers, "export_jobs": jobs,
                      "throughput": {"docs": args.docs, "doc_tokens": args.doc_tokens, "batch_sizes": batch_sizes}},
         "variants": [],
     }
@@ -696,7 +697,8 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             try:
                 rows, reference = eager_figures(variant, max_length, lengths, args.seed, args.repeats, device, progress)
-                ort = ort_figures(variant, export_folder(exports_dir, variant, args.precision), lengths, reference, args.repeats, device, plan, progress)
+                ort = ort_figures(variant, export_folder(exports_dir, variant, args.precision), lengths, reference,
+                                  args.repeats, device, plan, progress)
             except Exception as exc:  # e.g. ONNX Runtime refusing the graph on CUDA: the other variants still run
                 entry["errors"].append(f"{type(exc).__name__}: {str(exc)[:600]}")
                 progress.write(f"{variant}: {entry['errors'][-1]}")

@@ -17,6 +17,7 @@ A benchmark, not a test: numbers depend on the machine and on what else runs on 
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 
 from attnserve.service.contract.export_format import DEFAULT_PRECISION, PRECISIONS, pad_to
 from benchmarks.timing import interleaved_samples
+
 
 def parse_precisions(text: str) -> list[str]:
     """--precision's comma-separated list as [float32, *others] (ValueError naming the valid ones)."""
@@ -66,12 +68,11 @@ def products_free(graph: Path, out: Path) -> Path:
     return out
 
 
-def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: int = 0, exports_dir=None, log=print) -> list[dict]:
+def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: int = 0, exports_dir=None,
+                    log=print) -> list[dict]:
     """Rows per variant, length and precision: median ms, speedup over float32, the cosine of
     its embedding to float32's, and for float32 the ceiling (float32's time over that of its
     graph with free weight products, products_free)."""
-    import shutil
-
     import torch
 
     from attnserve.models.export import cached_export
@@ -86,7 +87,8 @@ def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: in
             for precision in precisions:
                 started = time.perf_counter()
                 try:
-                    export_dir = cached_export(root, variant, {}, max(lengths), analysis=False, precision=precision, log=lambda m: None)
+                    export_dir = cached_export(root, variant, {}, max(lengths), analysis=False, precision=precision,
+                                               log=lambda m: None)
                 except ValueError as exc:  # a precision the variant cannot take
                     log(f"{variant} {precision}: {exc}")
                     rows.append({"variant": variant, "precision": precision, "error": str(exc)})

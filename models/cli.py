@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 from attnserve.models.attention.base import AttentionConfig
 from attnserve.models.registry import VARIANTS, cost, exact_up_to, make_config, parameters, variant_names

@@ -24,7 +24,6 @@ see it as a weight.
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -145,10 +144,3 @@ def convert_graphs(src_dir: Path, out_dir: Path, files: list[str], precision: st
     for name in files:
         log(f"  {precision}: converting {name}")
         convert_graph(Path(src_dir) / name, Path(out_dir) / name, precision)
-
-
-def copy_graphs(src_dir: Path, out_dir: Path, files: list[str]) -> None:
-    for name in files:
-        for suffix in ("", ".data"):
-            if (Path(src_dir) / (name + suffix)).exists():
-                shutil.copyfile(Path(src_dir) / (name + suffix), Path(out_dir) / (name + suffix))

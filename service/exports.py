@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
-    DEFAULT_PRECISION, META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg, read_manifest,
-    sha256, weights_file)
+    DEFAULT_PRECISION, META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg,
+    read_manifest, sha256, weights_file)
 from attnserve.service.contract.schedule import canonical_schedule, schedule_slug
 from attnserve.service.settings import Settings
 
@@ -102,7 +102,7 @@ def export_path(settings: Settings) -> Path:
     return settings.models_dir / export_name(settings_recipe(settings))
 
 
-def check_export_weights(target: Path, settings: Settings) -> None:
+def check_export_fits(target: Path, settings: Settings) -> None:
     """An export given by export_dir must hold the weights --weights names, and be of the
     precision --precision names where one is named (a name under models_dir holds both by
     construction)."""
@@ -141,7 +141,7 @@ def ensure_export(settings: Settings) -> Path:
             return cached_export_without_torch(settings, exc)
         target = settings.models_dir / export_name(recipe)
     if (target / "manifest.json").is_file():
-        check_export_weights(target, settings)
+        check_export_fits(target, settings)
         log.info("serving the export at %s (%s)", target, read_manifest(target).describe())
         return target
     check_export_target(target)
@@ -173,7 +173,7 @@ def ensure_export(settings: Settings) -> Path:
                                   f"pass an empty or new --export-dir") from exc
             # Another process finished the same export first: serve that one.
             shutil.rmtree(scratch, ignore_errors=True)
-            check_export_weights(target, settings)
+            check_export_fits(target, settings)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -227,7 +227,8 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
     path, old = cached[0]
     differ = [key for key in recipe if old.get(key) != recipe[key]]
     reasons = {"code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
-               "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights", "precision": "another precision"}
+               "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights",
+               "precision": "another precision"}
     return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
 
 
@@ -250,7 +251,7 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
         if (recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
                 and all(recorded(parameters, key, manifest.variant) == {str(value)} for key, value in settings.params.items())):
             log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, manifest.describe())
-            check_export_weights(path, settings)
+            check_export_fits(path, settings)
             return path
     raise ExportMissing(
         f"no {settings.precision} export of {settings.variant} at {settings.max_length} tokens for this attnserve's code under {settings.models_dir}, "

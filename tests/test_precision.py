@@ -105,13 +105,13 @@ def test_the_export_cache_keys_on_precision():
 
 def test_an_export_dir_of_another_precision_is_refused_where_one_is_named():
     from attnserve.service.contract.export_format import ExportError
-    from attnserve.service.exports import check_export_weights
+    from attnserve.service.exports import check_export_fits
     from attnserve.service.settings import Settings
 
     export_dir, _, _ = converted(HTTP_VARIANT, HTTP_MAX_LENGTH, {}, "int8")
-    check_export_weights(export_dir, Settings(export_dir=export_dir))  # none named: it serves its own
+    check_export_fits(export_dir, Settings(export_dir=export_dir))  # none named: it serves its own
     with pytest.raises(ExportError, match="exported in int8, not float16"):
-        check_export_weights(export_dir, Settings(export_dir=export_dir, precision="float16"))
+        check_export_fits(export_dir, Settings(export_dir=export_dir, precision="float16"))
 
 
 def test_float16_keeps_index_arithmetic_in_float32():
