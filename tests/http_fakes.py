@@ -93,3 +93,14 @@ class FakeRunner:
 
     def rank_collapse(self, input_ids, attention_mask):
         return [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+
+
+def fake_client(max_length: int = 256, **settings):
+    """A FastAPI TestClient of the whole service over a FakeRunner (use it in a `with`)."""
+    from fastapi.testclient import TestClient
+
+    from attnserve.service.app import create_app
+    from attnserve.service.settings import Settings
+
+    app = create_app(Settings(max_length=max_length, **settings), runner=FakeRunner(max_length=max_length), tokenizer_path=tokenizer_json())
+    return TestClient(app)

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from http_fakes import FakeRunner, tokenizer_json
-
-from attnserve.service.app import create_app
-from attnserve.service.settings import Settings
+from http_fakes import fake_client
 
 TEXT = ("Late chunking embeds the whole document once. " * 30).strip()
 
 
 def make_client(**settings):
-    settings.setdefault("max_length", 512)
-    app = create_app(Settings(**settings), runner=FakeRunner(max_length=settings["max_length"]), tokenizer_path=tokenizer_json())
-    return TestClient(app)
+    return fake_client(**{"max_length": 512, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +137,7 @@ def test_decode_is_tokenize_backwards(client):
 def test_metrics_count_the_new_routes(client):
     chunks_of(client, inputs="metrics please")
     text = client.get("/metrics").text
-    assert 'attnserve_requests_success_total{route="/embed_chunks"' in text
+    assert 'attnserve_requests_success_total{precision="float32",route="/embed_chunks",variant="fake"}' in text
 
 
 @pytest.mark.parametrize("mode", ["cls", "opening", "mean"])

@@ -6,10 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 from fastapi.testclient import TestClient
-from http_fakes import FakeRunner, tokenizer_json
-
-from attnserve.service.app import create_app
-from attnserve.service.settings import Settings
+from http_fakes import fake_client
 
 
 class Assets(HTMLParser):
@@ -24,8 +21,7 @@ class Assets(HTMLParser):
 
 
 def make_client(**settings) -> TestClient:
-    app = create_app(Settings(max_length=256, **settings), runner=FakeRunner(max_length=256), tokenizer_path=tokenizer_json())
-    return TestClient(app)
+    return fake_client(**settings)
 
 
 @pytest.mark.parametrize("page, kinds", [("/docs", {"javascript", "css"}), ("/redoc", {"javascript"})])
