@@ -58,12 +58,14 @@ class Backend:
         self.runner = runner
         self.pooling = pooling or Pooling()
 
-    def embed(self, ids: np.ndarray, mask: np.ndarray, normalize: bool = True) -> np.ndarray:
-        """(B, hidden) float32, each input pooled as the deployment's pooling says. Mean
-        pooling, normalised, is the graph's own output and needs no token vectors."""
-        if self.pooling.mode == "mean" and normalize:
+    def embed(self, ids: np.ndarray, mask: np.ndarray, normalize: bool = True, query: bool = False) -> np.ndarray:
+        """(B, hidden) float32, each input pooled as the deployment's pooling says (queries:
+        its pooling for queries). Mean pooling, normalised, is the graph's own output and needs
+        no token vectors."""
+        pooling = self.pooling.for_queries if query else self.pooling
+        if pooling.mode == "mean" and normalize:
             return self.runner.embed(ids, mask).astype(np.float32, copy=False)
-        return np.stack(self.reduce(ids, mask, [lambda hidden: self.pooling(hidden, normalize=normalize)] * len(ids)))
+        return np.stack(self.reduce(ids, mask, [lambda hidden: pooling(hidden, normalize=normalize)] * len(ids)))
 
     def reduce(self, ids: np.ndarray, mask: np.ndarray, reducers: list[Callable[[np.ndarray], Any]]) -> list:
         """reducers[i](input i's last hidden states, padding removed: (n_i, hidden))."""

@@ -82,11 +82,12 @@ class _Job:
     # thread (late chunks, token vectors); None: the input's pooled vector.
     reduce: Callable[[np.ndarray], Any] | None = None
     normalize: bool = True  # of a pooled vector
+    query: bool = False  # pooled as a query (Backend.embed)
 
     @property
     def kind(self) -> tuple:
         """Inputs of one kind may share a batch (attention maps run alone)."""
-        return ("reduce",) if self.reduce is not None else ("embed", self.normalize)
+        return ("reduce",) if self.reduce is not None else ("embed", self.normalize, self.query)
 
 
 @dataclass
@@ -138,11 +139,11 @@ class TokenBudgetBatcher:
             self.in_flight -= 1
 
     # -- work ------------------------------------------------------------------------------
-    async def embed(self, inputs: list[list[int]], timings: Timings, normalize: bool = True) -> np.ndarray:
+    async def embed(self, inputs: list[list[int]], timings: Timings, normalize: bool = True, query: bool = False) -> np.ndarray:
         """(len(inputs), hidden) float32: each input's vector, pooled as the backend's pooling
-        says, in input order."""
+        says (for queries, if `query`), in input order."""
         self._reserve(inputs)
-        jobs = [self._enqueue(ids, id(timings), normalize=normalize) for ids in inputs]
+        jobs = [self._enqueue(ids, id(timings), normalize=normalize, query=query) for ids in inputs]
         results = await asyncio.gather(*(job.future for job in jobs))
         self._account(jobs, [r[1] for r in results], timings)
         return np.stack([r[0] for r in results]).astype(np.float32, copy=False)
@@ -172,8 +173,8 @@ class TokenBudgetBatcher:
         timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
         timings.batch_sizes.extend(b.size for b in batches)
 
-    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None, normalize: bool = True) -> _Job:
-        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce, normalize)
+    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None, normalize: bool = True, query: bool = False) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce, normalize, query)
         self._queues.setdefault(owner, deque()).append(job)
         self._served.setdefault(owner, 0)
         self._on_queue_change(self.queued)
@@ -310,7 +311,7 @@ class TokenBudgetBatcher:
             return [self.backend.attention(ids, mask, *first.attention)]
         if first.reduce is not None:
             return self.backend.reduce(ids, mask, [job.reduce for job in batch])
-        return list(self.backend.embed(ids, mask, first.normalize))
+        return list(self.backend.embed(ids, mask, first.normalize, first.query))
 
 
 def pad(inputs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

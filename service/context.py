@@ -71,6 +71,11 @@ class LearnedPooling:
         self.heads = heads
         self._mean = Pooling("mean")
 
+    @property
+    def for_queries(self) -> Pooling:
+        """A query gets what a short text gets: the mean."""
+        return self._mean
+
     def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
         if self.heads.covers(len(hidden)):
             return self.heads.pool(hidden)  # unit length whatever `normalize` says

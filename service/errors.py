@@ -1,7 +1,7 @@
 """Errors a client can cause, and the two JSON error bodies the service answers with.
 
-Routes under /v1/ answer in OpenAI's form {"error": {"message", "type", "param", "code"}};
-every other route in text-embeddings-inference's form {"error": str, "error_type": str}.
+Routes under /v1/ answer in OpenAI's form {"error": {"message", "type", "param", "code"}}
+(Voyage's route adds Voyage's {"detail": message}); every other route in text-embeddings-inference's form {"error": str, "error_type": str}.
 Each error records a short `reason` that the failure counter in /metrics is labelled by.
 
 One status per kind of mistake (service/README.md's error table lists every one): 400 for a
@@ -74,9 +74,13 @@ class ServiceError(Exception):
         return self
 
 
+# Voyage's route: Voyage's clients read the message from "detail".
+VOYAGE_PATHS = ("/v1/contextualizedembeddings",)
+
+
 def error_body(path: str, message: str, reason: str, param: str | None = None) -> dict:
     if path.startswith("/v1/"):
-        return {
+        body = {
             "error": {
                 "message": message,
                 "type": _OPENAI_TYPES.get(reason, "invalid_request_error"),
@@ -84,6 +88,7 @@ def error_body(path: str, message: str, reason: str, param: str | None = None) -
                 "code": _OPENAI_CODES.get(reason),
             }
         }
+        return body | {"detail": message} if path in VOYAGE_PATHS else body
     return {"error": message, "error_type": _TEI_TYPES.get(reason, "Validation")}
 
 

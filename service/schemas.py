@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from attnserve.service.input_types import INPUT_TYPES, JINA_TASKS
+
 # A text needs one character that is neither whitespace nor NUL. The whitespace is Python's
 # (str.isspace, what the validator below strips), spelled out because ECMA's, Rust's and
 # Python's `\s` differ, so that every regex engine reads the pattern as the validator does.
@@ -124,6 +126,13 @@ class _TruncationDirection:
         return self.truncation_direction.lower() == "left"
 
 
+InputType = Annotated[
+    Literal[tuple(INPUT_TYPES)],
+    Field(description="which side of a search the texts are on (Voyage's and Cohere's names): a query is embedded as a short "
+          "text always is, a document takes the deployment's document path; null: the document path (/info's input_types)"),
+]
+
+
 # -- text-embeddings-inference ---------------------------------------------------------------
 class EmbedRequest(_TruncationDirection, _Strict):
     inputs: TextOrTexts
@@ -131,6 +140,24 @@ class EmbedRequest(_TruncationDirection, _Strict):
     truncation_direction: TruncationDirection = "right"
     normalize: bool = Field(True, description="L2-normalised embeddings; false returns the mean-pooled hidden states as they are")
     prompt_name: PromptName = None
+    input_type: InputType | None = None
+
+
+class SimilarityInput(_Strict):
+    source_sentence: Text
+    sentences: Annotated[list[Text], Field(min_length=1, json_schema_extra=deployment_max_items("max_sentences"),
+                                           description="compared with source_sentence (with it, at most max_client_batch_size texts)")]
+
+
+class SimilarityParameters(_TruncationDirection, _Strict):
+    truncate: bool | None = Field(False, description="cut texts longer than max_length tokens instead of answering 413")
+    truncation_direction: TruncationDirection = "right"
+    prompt_name: PromptName = None
+
+
+class SimilarityRequest(_Strict):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
 
 
 Span = Annotated[list[_int(ge=0)], Field(min_length=2, max_length=2, description="[start_char, end_char): Python string indices (Unicode code points)")]
@@ -230,6 +257,34 @@ class OpenAIEmbeddingRequest(_Strict):
     dimensions: Dimensions | None = Field(
         None, description="keep the first `dimensions` values (1 .. hidden size), renormalised")
     user: str | None = None
+    # Jina's embeddings API.
+    late_chunking: bool = Field(False, description="Jina's late chunking: the texts of input are consecutive chunks of one "
+                                "document, joined with one space and embedded in one pass; each gets the vector of its own "
+                                "span (/info's input_types.document says which context)")
+    task: Literal[tuple(JINA_TASKS)] | None = Field(None, description="Jina's task: *.query embeds queries, every other task "
+                                                    "documents (this model has no task adapters)")
+    truncate: bool = Field(False, description="cut inputs (with late_chunking: the joined document) longer than max_length "
+                           "tokens instead of answering 413")
+    embedding_type: Literal["float", "base64", "binary", "ubinary"] | None = Field(
+        None, description="Jina's output type: base64 as encoding_format base64; binary and ubinary pack the signs eight to "
+        "a byte (int8 in offset binary, uint8)")
+    normalized: bool = Field(True, description="Jina's: L2-normalised vectors; false gives the pooled hidden states as they are")
+    input_type: InputType | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.late_chunking and not (isinstance(self.input, str) or isinstance(self.input[0], str)):
+            raise ValueError("late_chunking takes texts (the chunks of one document), not token ids")
+        return self
+
+    @property
+    def dtype(self) -> str:
+        """float, binary or ubinary (service.vector_formats)."""
+        return self.embedding_type if self.embedding_type in ("binary", "ubinary") else "float"
+
+    @property
+    def base64(self) -> bool:
+        return self.encoding_format == "base64" or self.embedding_type == "base64"
 
 
 class OpenAIEmbedding(BaseModel):
@@ -248,6 +303,46 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
+
+
+# -- Voyage's contextualized chunk embeddings ---------------------------------------------------
+Chunks = Annotated[list[Text], Field(min_length=1, description="one document: its chunks in order (or one query)")]
+
+
+class ContextualizedEmbeddingRequest(_Strict):
+    inputs: Annotated[list[Chunks], Field(min_length=1, json_schema_extra=deployment_max_items("max_inputs"),
+                                          description="documents, each a list of its consecutive chunks, embedded in one pass")]
+    model: str = Field(description="any name; the answer names the model this server runs")
+    input_type: InputType | None = None
+    output_dimension: Dimensions | None = Field(None, description="keep the first output_dimension values, renormalised")
+    output_dtype: Literal["float", "binary", "ubinary"] | None = Field(
+        None, description="float, or binary / ubinary (signs packed eight to a byte: int8 in offset binary, uint8); not "
+        "Voyage's int8 and uint8, which need a scale calibrated for the model's values that this model does not have")
+    encoding_format: Literal["base64"] | None = Field(None, description="base64: each vector as base64 of its bytes "
+                                                      "(float32 or int8 / uint8, little-endian)")
+
+
+class ContextualizedChunk(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | list[int] | str
+    index: int
+
+
+class ContextualizedDocument(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ContextualizedChunk]
+    index: int
+
+
+class ContextualizedUsage(BaseModel):
+    total_tokens: int
+
+
+class ContextualizedEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ContextualizedDocument]
+    model: str
+    usage: ContextualizedUsage
 
 
 # -- attention maps --------------------------------------------------------------------------
@@ -338,6 +433,7 @@ class InfoResponse(BaseModel):
     chunk_contexts: list[Literal["none", "late", "learned"]] = Field(description="the contexts /embed_chunks serves here")
     context_heads: dict | None = Field(None, description="the context heads served (folder, the variant they were learned on, "
                                        "chunk_tokens, design per kind); null: none")
+    input_types: dict[str, str] = Field(description="what a query and a document get here (input_type, Jina's task)")
     version: str
 
 
@@ -359,3 +455,4 @@ class OpenAIErrorDetail(BaseModel):
 
 class OpenAIError(BaseModel):
     error: OpenAIErrorDetail
+    detail: str | None = Field(None, description="the message again, in Voyage's form (/v1/contextualizedembeddings only)")

@@ -42,6 +42,13 @@ class ServiceState:
         return ["none", "late", "learned"] if learned else ["none", "late"]
 
     @property
+    def contextual_context(self) -> str:
+        """The context of chunks sent as one document's texts (Jina's late_chunking, Voyage's
+        contextualized embeddings): the deployment's chunk context where it gives one, late
+        where its default is none (those APIs promise vectors that have seen the document)."""
+        return "late" if self.chunk_context == "none" else self.chunk_context
+
+    @property
     def runner(self) -> Runner:
         return self.batcher.backend.runner
 
@@ -97,9 +104,10 @@ class ServiceState:
                                f"ATTNSERVE_MAX_TOKEN_VECTORS); {remedy}", "too_long", param)
 
     async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True,
-                       keep_end: bool = False, remedy: str | None = None) -> list[Tokenized]:
+                       keep_end: bool = False, remedy: str | None = None, names=None) -> list[Tokenized]:
         """Tokenize in the tokenization thread pool, recording each input's length in timings;
-        413 for a too-long input, its message ending in `remedy` (default: send truncate=true)."""
+        413 for a too-long input, its message ending in `remedy` (default: send truncate=true)
+        and calling input i names(i) if `names` is given."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         encode = functools.partial(self.tokenizer.encode, texts, truncate, add_special_tokens, keep_end)
@@ -108,7 +116,9 @@ class ServiceState:
             timings.input_tokens = [len(t) for t in tokenized]
             return tokenized
         except InputTooLong as exc:
-            raise ServiceError(413, exc.advise(remedy) if remedy else str(exc), "too_long", param) from None
+            if names is not None:
+                exc.name(names(exc.index))
+            raise ServiceError(413, exc.advise(remedy or "shorten it or send truncate=true"), "too_long", param) from None
         finally:
             timings.tokenization += time.perf_counter() - started
 
@@ -127,10 +137,12 @@ def get_timings(request: Request) -> Timings:
     return timings
 
 
-async def run_embed(service: ServiceState, inputs: list[list[int]], timings: Timings, param: str, normalize: bool = True):
-    """(len(inputs), hidden) float32 vectors pooled as the deployment's pooling says, from the
-    batcher; its refusals as ServiceErrors naming `param`."""
-    return await _run(service.batcher.embed(inputs, timings, normalize), param)
+async def run_embed(service: ServiceState, inputs: list[list[int]], timings: Timings, param: str, normalize: bool = True,
+                    query: bool = False):
+    """(len(inputs), hidden) float32 vectors pooled as the deployment's pooling says (for
+    queries, if `query`: service.schemas.InputType), from the batcher; its refusals as
+    ServiceErrors naming `param`."""
+    return await _run(service.batcher.embed(inputs, timings, normalize, query), param)
 
 
 async def run_reduce(service: ServiceState, inputs: list[list[int]], reducers, timings: Timings, param: str) -> list:

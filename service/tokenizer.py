@@ -28,10 +28,14 @@ class InputTooLong(ServiceError):
     """An input over max_length tokens, where truncation was not asked for (413)."""
 
     def __init__(self, index: int, length: int, max_length: int, at_least: bool = False):
-        self.index, self.length, self.max_length = index, length, max_length
-        self.fact = (f"input {index} is {'more than ' if at_least else ''}{length} tokens long, longer than this server's limit of "
-                     f"{max_length} tokens ([CLS] and [SEP] included)")
+        self.index, self.length, self.max_length, self.at_least = index, length, max_length, at_least
+        self.name(f"input {index}")
         super().__init__(413, self.advise("shorten it or send truncate=true"), "too_long")
+
+    def name(self, name: str) -> None:
+        """Call the input `name` in the message (e.g. the document its chunks were joined into)."""
+        self.fact = (f"{name} is {'more than ' if self.at_least else ''}{self.length} tokens long, longer than this server's limit of "
+                     f"{self.max_length} tokens ([CLS] and [SEP] included)")
 
     def advise(self, remedy: str) -> str:
         """The message with what the caller's API lets the user do about it."""

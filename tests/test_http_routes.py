@@ -6,20 +6,14 @@ import base64
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from http_checks import check_attention_formats
-from http_fakes import FakeRunner, tokenizer_json
-
-from attnserve.service.app import create_app
-from attnserve.service.settings import Settings
+from http_fakes import fake_client
 
 TIMING_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
 
 
 def make_client(**settings):
-    settings.setdefault("max_length", 256)
-    app = create_app(Settings(**settings), runner=FakeRunner(max_length=settings["max_length"]), tokenizer_path=tokenizer_json())
-    return TestClient(app)
+    return fake_client(**{"max_length": 256, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +94,9 @@ def test_v1_too_long_advises_what_v1_offers(client):
     r = client.post("/v1/embeddings", json={"input": "word " * 400, "model": "m"})
     assert r.status_code == 413
     message = r.json()["error"]["message"]
-    assert "/embed_chunks" in message and "truncate=true" not in message.split("or to /embed")[0]
+    assert "/embed_chunks" in message and "truncate=true (Jina's field)" in message
+    r = client.post("/v1/embeddings", json={"input": "word " * 400, "model": "m", "truncate": True})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 256
 
 
 def test_too_many_inputs(client):

@@ -1,6 +1,6 @@
 """End to end: a real export (longformer, max_length 1024: conftest's export_dir, from the suite's
 export cache), `attnserve serve` in a subprocess on 127.0.0.1, every route, the official openai
-client, bad input, graceful shutdown.
+and voyageai clients, bad input, graceful shutdown.
 """
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_readme_curl_examples(server):
     examples = [line for doc in ("README.md", "service/README.md")
                 for line in (ROOT / doc).read_text().splitlines() if line.strip().startswith("curl ")]
     routes = {re.search(r"127\.0\.0\.1:8080(/[\w/]+)", line).group(1) for line in examples}
-    assert {"/embed", "/embed_chunks", "/embed_all", "/decode", "/v1/embeddings", "/attention", "/info"} <= routes
+    assert {"/embed", "/embed_chunks", "/embed_all", "/decode", "/similarity", "/v1/embeddings", "/v1/contextualizedembeddings",
+            "/attention", "/info"} <= routes
     host = server.url.removeprefix("http://")
     for line in examples:
         command = line.strip().replace("127.0.0.1:8080", host).replace("curl -s", f"curl -sf -H 'authorization: Bearer {API_KEY}'", 1)
@@ -138,6 +139,68 @@ def test_openai_client(server, client):
     assert info.value.status_code == 413 and info.value.code == "context_length_exceeded"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).embeddings.create(input="x", model="m")
+
+
+CHUNKS = ["Late chunking runs the whole document through the encoder once.",
+          "Each chunk's vector is then the mean of its own tokens' states,",
+          "so a chunk that says 'it' still knows what the document is about."]
+
+
+def late_chunk_vectors(client, chunks):
+    """/embed_chunks' vectors of the chunks' spans in the document they make joined with one
+    space, with the context late chunking and contextualized embeddings use here (late: this
+    deployment's chunk_context is none)."""
+    assert client.get("/info").json()["chunk_context"] == "none"
+    starts = np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
+    spans = [[int(a), int(a) + len(c)] for a, c in zip(starts, chunks)]
+    r = client.post("/embed_chunks", json={"inputs": " ".join(chunks), "spans": spans, "context": "late"})
+    assert r.status_code == 200, r.text[:500]
+    return np.array([c["embedding"] for c in r.json()[0]], dtype=np.float32)
+
+
+def test_jina_late_chunking_through_the_openai_client(server, client):
+    import openai
+
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    result = oa.embeddings.create(input=CHUNKS, model="m", extra_body={"late_chunking": True, "task": "retrieval.passage"})
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    np.testing.assert_allclose(got, late_chunk_vectors(client, CHUNKS), atol=1e-5)
+    alone = np.array(client.post("/embed", json={"inputs": CHUNKS}).json(), dtype=np.float32)
+    assert np.all(np.sum(got * alone, axis=1) < 0.999)  # each chunk's vector has seen the others
+    tokens = len(client.post("/tokenize", json={"inputs": " ".join(CHUNKS)}).json()[0])
+    assert result.usage.prompt_tokens == tokens
+    one = oa.embeddings.create(input=[CHUNKS[0]], model="m", extra_body={"late_chunking": True})
+    np.testing.assert_allclose(one.data[0].embedding, alone[0], atol=1e-5)
+
+
+def test_voyage_client_contextualized_embeddings(server, client):
+    import voyageai
+
+    vo = voyageai.Client(api_key=API_KEY, base_url=server.url + "/v1", max_retries=0, timeout=120)
+    single = "A document of one chunk gets the vector /embed gives it."
+    result = vo.contextualized_embed(inputs=[CHUNKS, [single]], model="attnserve", input_type="document")
+    assert [r.index for r in result.results] == [0, 1]
+    expected = late_chunk_vectors(client, CHUNKS)
+    np.testing.assert_allclose(np.array(result.results[0].embeddings), expected, atol=1e-5)
+    np.testing.assert_allclose(result.results[1].embeddings[0], client.post("/embed", json={"inputs": single}).json()[0], atol=1e-5)
+    tokens = [len(t) for t in client.post("/tokenize", json={"inputs": [" ".join(CHUNKS), single]}).json()]
+    assert result.total_tokens == sum(tokens)
+    bits = vo.contextualized_embed(inputs=[CHUNKS], model="m", output_dtype="ubinary", output_dimension=128)
+    short = expected[:, :128]
+    assert bits.results[0].embeddings == np.packbits(short > 0, axis=1).tolist()
+    # Queries: one per inner list (the client wraps a flat list), each embedded as a short text is,
+    # at any length; a long one differs from the document path (this deployment pools long texts by their opening).
+    long = "word " * 700
+    queries = vo.contextualized_embed(inputs=["what is late chunking?", long], model="m", input_type="query")
+    as_query = np.array(client.post("/embed", json={"inputs": ["what is late chunking?", long], "input_type": "query"}).json())
+    np.testing.assert_allclose(np.array([r.embeddings[0] for r in queries.results]), as_query, atol=1e-5)
+    mean = client.post("/embed_chunks", json={"inputs": long, "chunk_tokens": 1000, "context": "late"}).json()[0][0]["embedding"]
+    np.testing.assert_allclose(as_query[1], mean, atol=1e-5)
+    as_document = np.array(client.post("/embed", json={"inputs": long}).json()[0])
+    assert as_query[1] @ as_document < 0.9999
+    with pytest.raises(voyageai.error.MalformedRequestError) as info:  # Voyage's class for a 422
+        vo.contextualized_embed(inputs=[CHUNKS], model="m", input_type="query")
+    assert "one query per inner list" in str(info.value)
 
 
 def test_attention_formats(client):

@@ -44,6 +44,12 @@ class Pooling:
         if self.opening_tokens < 1:
             raise ValueError(f"opening_tokens must be >= 1 (got {self.opening_tokens})")
 
+    @property
+    def for_queries(self) -> "Pooling":
+        """The pooling a query gets (input_type query): what a short text gets under this mode,
+        whatever the query's length: the [CLS] vector for cls, the mean of every token otherwise."""
+        return self if self.mode in ("mean", "cls") else Pooling("mean")
+
     def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
         """(d,) vector of one document."""
         if self.mode == "cls":
@@ -77,7 +83,12 @@ class ChunkBounds:
 
 
 class BadSpans(ValueError):
-    """Spans that cannot be chunk boundaries; the message says which and why."""
+    """Spans that cannot be chunk boundaries; the message says which and why, `index` is the
+    first bad span's."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
 
 
 def check_spans(spans: Sequence[Sequence[int]], text_length: int) -> list[tuple[int, int]]:
@@ -148,7 +159,7 @@ def span_chunks(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, i
             if truncated and lo >= len(token_starts):
                 break  # past the truncation point
             raise BadSpans(f"span {index} [{start}, {end}) holds no token (only whitespace or control characters?); "
-                           "merge it with a neighbour or leave it out")
+                           "merge it with a neighbour or leave it out", index)
         first, stop = 1 + lo, 1 + hi
         chunks.append(ChunkBounds(first, stop, start, end))
     if chunks:

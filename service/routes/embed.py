@@ -1,4 +1,4 @@
-"""POST /embed and POST /tokenize, as text-embeddings-inference has them."""
+"""POST /embed, /embed_all, /similarity, /decode and /tokenize, as text-embeddings-inference has them."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,9 @@ from fastapi.responses import JSONResponse, Response
 from attnserve.service.batching import Timings
 from attnserve.service.errors import ServiceError
 from attnserve.service.routes import TEI_ERRORS
-from attnserve.service.schemas import DecodeRequest, EmbedAllRequest, EmbedRequest, SimpleToken, TokenizeRequest
+from attnserve.service.input_types import is_query
+from attnserve.service.schemas import (DecodeRequest, EmbedAllRequest, EmbedRequest, SimilarityParameters, SimilarityRequest, SimpleToken,
+                                       TokenizeRequest)
 from attnserve.service.state import ServiceState, get_service, get_timings, run_embed, run_reduce
 
 router = APIRouter(tags=["text-embeddings-inference"])
@@ -22,8 +24,20 @@ async def embed(body: EmbedRequest, service: ServiceState = Depends(get_service)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     service.check_input_count(len(texts), "inputs")
     tokenized = await service.tokenize(texts, body.truncate, timings, "inputs", keep_end=body.keeps_end)
-    vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", normalize=body.normalize)
+    vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs", body.normalize, is_query(body.input_type))
     return JSONResponse(vectors.tolist())
+
+
+@router.post("/similarity", response_model=list[float], responses=TEI_ERRORS)
+async def similarity(body: SimilarityRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
+    """Cosine similarity of source_sentence to each of sentences, all embedded as /embed
+    embeds them."""
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    service.check_input_count(len(texts), "inputs.sentences")
+    parameters = body.parameters or SimilarityParameters()
+    tokenized = await service.tokenize(texts, bool(parameters.truncate), timings, "inputs", keep_end=parameters.keeps_end)
+    vectors = await run_embed(service, [t.ids for t in tokenized], timings, "inputs")
+    return JSONResponse((vectors[1:] @ vectors[0]).astype(float).tolist())
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], responses=TEI_ERRORS)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from attnserve.service.input_types import describe as describe_input_types
 from attnserve.service.routes import TEI_ERRORS
 from attnserve.service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
 from attnserve.service.settings import VERSION
@@ -55,6 +56,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         chunk_context=service.chunk_context,
         chunk_contexts=service.chunk_contexts,
         context_heads=service.context_heads.describe() if service.context_heads else None,
+        input_types=describe_input_types(service.pooling, service.contextual_context),
         version=VERSION,
     )
 
