@@ -1,7 +1,8 @@
 """Errors a client can cause, and the two JSON error bodies the service answers with.
 
 Routes under /v1/ answer in OpenAI's form {"error": {"message", "type", "param", "code"}}
-(Voyage's route adds Voyage's {"detail": message}); every other route in text-embeddings-inference's form {"error": str, "error_type": str}.
+(Voyage's route adds Voyage's {"detail": message}); every other route in
+text-embeddings-inference's form {"error": str, "error_type": str}.
 Each error records a short `reason` that the failure counter in /metrics is labelled by.
 
 One status per kind of mistake (service/README.md's error table lists every one): 400 for a

@@ -45,7 +45,7 @@ def describe(pooling, contextual_context: str) -> dict[str, str]:
     return {
         "query": f"{'the [CLS] vector' if query == 'cls' else 'the mean of every token'} at any length, as a short text is "
                  "embedded (input_type query or search_query; Jina tasks retrieval.query and code.query)",
-        "document": f"pooling {pooling.mode} (texts of one chunk: as a short text); chunks sent as one document (late_chunking, "
+        "document": f"pooling {pooling.mode}, as without input_type; chunks sent as one document (late_chunking, "
                     f"/v1/contextualizedembeddings): context {contextual_context} (input_type document, search_document or "
                     "none; every other Jina task)",
     }
