@@ -130,13 +130,20 @@ class Encoder(LongContextEncoder):
         return to_sparse(weights, input_ids.shape[1], head)
 
     @torch.no_grad()
-    def rank_collapse(self, text: str) -> list[float]:
+    def rank_collapse(self, text: str, paths=None):
         """For each layer's output X (N x hidden): ||X - 1 x^T|| / ||X|| with x the mean token
-        and the sqrt(||.||_1 ||.||_inf) norm. Near 0 means the tokens collapsed to rank 1."""
+        and the sqrt(||.||_1 ||.||_inf) norm. Near 0 means the tokens collapsed to rank 1.
+
+        paths None: the model's own curve, one ratio per layer. paths, a list of
+        COLLAPSE_PATHS (model, attention_only, attention_skip, attention_mlp): {path: one ratio
+        per layer} along each path through the same weights (LongContextEncoder.collapse_paths;
+        the embeddings' ratio, where every path starts, is left out)."""
         input_ids, mask = pad_batch(self.tokenize([text]))
-        states: list[torch.Tensor] = []
-        self(input_ids, mask, hidden_states=states)
-        return [float(rank_collapse_ratio(x)[0]) for x in states]
+        if paths is None:
+            states: list[torch.Tensor] = []
+            self(input_ids, mask, hidden_states=states)
+            return [float(rank_collapse_ratio(x)[0]) for x in states]
+        return {path: [float(r) for r in ratios[0, 1:]] for path, ratios in self.collapse_paths(input_ids, mask, paths).items()}
 
     def _check_layer_head(self, layer, head):
         if not 0 <= layer < self.shape.num_layers:

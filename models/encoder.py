@@ -125,6 +125,12 @@ def query_scale(key_valid: torch.Tensor, rows: int) -> torch.Tensor:
     return factor[:, None, None, None]
 
 
+# The paths through the same weights that "Attention is not all you need" (Dong, Cordonnier and
+# Loukas 2021) compares: pure self-attention loses rank doubly exponentially with depth; skip
+# connections (and, less so, MLPs) keep it (EncoderLayer.along).
+COLLAPSE_PATHS = ("model", "attention_only", "attention_skip", "attention_mlp")
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, shape: BertShape, attention: nn.Module, config: AttentionConfig):
         super().__init__()
@@ -146,6 +152,11 @@ class EncoderLayer(nn.Module):
 
     def attention_block(self, x, key_valid, need_weights=False):
         """The attention sub-layer: norm(x + out(attention(q, k, v))), and its weights."""
+        attended, weights = self.self_attention(x, key_valid, need_weights)
+        return self.attention_norm(x + attended), weights
+
+    def self_attention(self, x, key_valid, need_weights=False):
+        """out(attention(q, k, v)): the attention sub-layer before its skip and norm, and its weights."""
         batch, n, hidden = x.shape
 
         def heads(t):  # (B, N, hidden) -> (B, H, N, D)
@@ -155,7 +166,21 @@ class EncoderLayer(nn.Module):
         if self.scaled_length is not None:
             q = q * query_scale(key_valid, self.scaled_length)
         mixed, weights = self.attention(q, heads(self.key(x)), heads(self.value(x)), key_valid, need_weights)
-        return self.attention_norm(x + self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden))), weights
+        return self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden)), weights
+
+    def along(self, x, key_valid, path: str):
+        """This layer along one of COLLAPSE_PATHS: model (the layer itself), attention_only (its
+        attention output alone: no skip, norm or MLP, the pure self-attention of Dong et al.
+        2021), attention_skip (norm(x + attention): the MLP removed) or attention_mlp (the MLP
+        sub-layer on norm(attention): the skips removed)."""
+        if path == "model":
+            return self(x, key_valid)[0]
+        attended = self.self_attention(x, key_valid)[0]
+        if path == "attention_only":
+            return attended
+        if path == "attention_skip":
+            return self.attention_norm(x + attended)
+        return self.output_norm(self.output(F.gelu(self.intermediate(self.attention_norm(attended)))))
 
     def feed_forward(self, x):
         return self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
@@ -197,6 +222,23 @@ class LongContextEncoder(nn.Module):
         if weights_layer is None:
             return embedding, x
         return embedding, x, weights
+
+    def collapse_paths(self, input_ids, attention_mask, paths=COLLAPSE_PATHS) -> dict[str, torch.Tensor]:
+        """{path: (B, 1 + num_layers) rank-collapse ratios}: of the embeddings' output (column
+        0, the same on every path) and of each layer's output along the path (EncoderLayer.along)."""
+        unknown = [p for p in paths if p not in COLLAPSE_PATHS]
+        if unknown:
+            raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(COLLAPSE_PATHS)}")
+        key_valid = attention_mask.bool()
+        start = self.embeddings(input_ids, attention_mask)
+        out = {}
+        for path in paths:
+            x, ratios = start, [rank_collapse_ratio(start, key_valid)]
+            for layer in self.layers:
+                x = layer.along(x, key_valid, path)
+                ratios.append(rank_collapse_ratio(x, key_valid))
+            out[path] = torch.stack(ratios, dim=1)
+        return out
 
 
 def mean_pool(x, key_valid):

@@ -34,6 +34,7 @@ COMMANDS: list[Command] = [
     Command(("adapt", "cache"), "run the frozen encoder once over training documents and store what the context heads learn from", "attnserve.models.context_cache:configure", "attnserve.models.context_cache:cache_command"),
     Command(("adapt", "train"), "learn context heads (chunk vectors with context, learned pooling) on a cache, in minutes", "attnserve.models.context_train:configure", "attnserve.models.context_train:train_command"),
     Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "attnserve.service.bench:quality.configure", "attnserve.service.bench:quality.quality_command"),
+    Command(("bench", "collapse"), "rank collapse of pure attention paths (Dong et al. 2021) per variant, CSV and PNG", "attnserve.service.bench:collapse.configure", "attnserve.service.bench:collapse.bench_collapse_command"),
     Command(("bench", "context"), "what document context buys chunk vectors and one-vector documents, from a cache, and its cost", "attnserve.service.bench:context.configure", "attnserve.service.bench:context.bench_context_command"),
     # ONNX export and its runtime benchmark (models/export.py, benchmarks/runtime.py)
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "attnserve.models.export:configure_export", "attnserve.models.export:export_command"),
