@@ -22,6 +22,7 @@ import torch
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.models.encoder import COLLAPSE_PATHS
 
+DEFAULT_SCHEDULE = "local,local,full"  # ModernBERT's pattern: local layers, then one that sees everything
 FLOOR = 1e-8  # float32 leaves ~1e-7 of a collapsed state; ratios are drawn and averaged from here
 
 
@@ -29,8 +30,8 @@ def configure(parser) -> None:
     from attnserve.models.registry import variant_names
 
     parser.add_argument("--variants", default=",".join(variant_names()), help="comma-separated variants")
-    parser.add_argument("--schedule", action="append", default=["local,local,full"], metavar="SCHEDULE",
-                        help="also this schedule, a variant per layer (repeatable; default: local,local,full)")
+    parser.add_argument("--schedule", action="append", default=None, metavar="SCHEDULE",
+                        help=f"also this schedule, a variant per layer (repeatable; default: {DEFAULT_SCHEDULE}; '' for none)")
     parser.add_argument("--lengths", default="512,2048", help="comma-separated token counts the documents are cut at")
     parser.add_argument("--documents", type=int, default=3, help="bundled documents per length (the first long enough)")
     parser.add_argument("--data", default=str(DEV_DOCUMENTS), help="JSONL (or .jsonl.gz) with a 'text' per line")
@@ -125,7 +126,8 @@ def bench_collapse_command(args) -> int:
     from attnserve.models import load_encoder
 
     lengths = sorted(int(x) for x in args.lengths.split(","))
-    names = [v for v in args.variants.split(",") if v] + list(dict.fromkeys(args.schedule))
+    schedules = [s for s in (args.schedule if args.schedule is not None else [DEFAULT_SCHEDULE]) if s]
+    names = [v for v in args.variants.split(",") if v] + list(dict.fromkeys(schedules))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

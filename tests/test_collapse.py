@@ -75,11 +75,11 @@ def test_bad_path_names_the_valid_ones(full):
 
 def test_bench_collapse_writes_csv_and_figure(tmp_path):
     done = subprocess.run([sys.executable, "-m", "attnserve.service.cli", "bench", "collapse", "--variants", "local,full",
-                           "--schedule", "local,local,full", "--lengths", "64,128", "--documents", "2", "--out", str(tmp_path)],
+                           "--schedule", "full*3,local*3", "--schedule", "full*3,local*3", "--lengths", "64,128", "--documents", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "collapse.csv")))
-    assert {r["variant"] for r in rows} == {"local", "full", "local,local,full"}
+    assert {r["variant"] for r in rows} == {"local", "full", "full*3,local*3"}  # a schedule named replaces the default
     assert len(rows) == 3 * 2 * len(COLLAPSE_PATHS) * 7  # names x lengths x paths x depths (embeddings + 6 layers)
     assert (tmp_path / "collapse.png").stat().st_size > 10_000
-    assert "| local,local,full | 128 |" in done.stdout
+    assert "| full*3,local*3 | 128 |" in done.stdout
