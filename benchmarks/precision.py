@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.service.batching import pad
 from attnserve.service.contract.export_format import DEFAULT_PRECISION, PRECISIONS, pad_to
 from benchmarks.timing import interleaved_samples
 
@@ -184,24 +185,16 @@ class ExportedEncoder:
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
-    def _padded(self, ids: list[list[int]]):
-        width = max(len(i) for i in ids)
-        batch = np.zeros((len(ids), width), dtype=np.int64)
-        mask = np.zeros_like(batch)
-        for row, i in enumerate(ids):
-            batch[row, : len(i)], mask[row, : len(i)] = i, 1
-        return batch, mask
-
     def token_states(self, ids: list[list[int]], batch: int = 32) -> list[np.ndarray]:
         out = []
         for start in range(0, len(ids), batch):
             part = ids[start : start + batch]
-            hidden = self.runner.hidden_states(*self._padded(part))
+            hidden = self.runner.hidden_states(*pad(part))
             out += [hidden[row, : len(i)] for row, i in enumerate(part)]
         return out
 
     def embed_ids(self, ids: list[list[int]], batch: int = 32):
         import torch
 
-        return torch.from_numpy(np.concatenate([self.runner.embed(*self._padded(ids[s : s + batch]))
+        return torch.from_numpy(np.concatenate([self.runner.embed(*pad(ids[s : s + batch]))
                                                 for s in range(0, len(ids), batch)]))

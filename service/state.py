@@ -85,6 +85,11 @@ class ServiceState:
     def hidden_size(self) -> int:
         return int(self.manifest.get("hidden_size", 384))
 
+    def check_dimensions(self, dimensions: int | None, param: str) -> None:
+        """422 for a requested vector size past the model's hidden size (None: the whole vector)."""
+        if dimensions is not None and dimensions > self.hidden_size:
+            raise ServiceError(422, f"{param} must be at most {self.hidden_size} for this model (got {dimensions})", "validation", param)
+
     def check_input_count(self, n: int, param: str) -> None:
         limit = self.settings.max_client_batch_size
         if n > limit:

@@ -29,3 +29,21 @@ def check_attention_formats(client, text: str, layer: int, atol: float) -> tuple
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"
     assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
     return body, rows, cols
+
+
+def joined_spans(chunks: list[str]) -> tuple[str, list[list[int]]]:
+    """The document chunks make joined with one space (as late_chunking and contextualized
+    embeddings join them), and each chunk's [start, end) span in it."""
+    starts = np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
+    return " ".join(chunks), [[int(a), int(a) + len(c)] for a, c in zip(starts, chunks)]
+
+
+def late_chunk_vectors(client, chunks: list[str]) -> np.ndarray:
+    """/embed_chunks' vectors of the chunks' spans in their joined document, with the context
+    late chunking and contextualized embeddings use where the deployment's chunk_context is
+    none (late)."""
+    assert client.get("/info").json()["chunk_context"] == "none"
+    text, spans = joined_spans(chunks)
+    r = client.post("/embed_chunks", json={"inputs": text, "spans": spans, "context": "late"})
+    assert r.status_code == 200, r.text[:500]
+    return np.array([c["embedding"] for c in r.json()[0]], dtype=np.float32)

@@ -8,6 +8,7 @@ import base64
 
 import numpy as np
 import pytest
+from http_checks import joined_spans, late_chunk_vectors
 from http_fakes import fake_client
 
 CHUNKS = ["Late chunking embeds the document once.", "Each chunk then takes the mean of its tokens.", "The end."]
@@ -17,21 +18,6 @@ CHUNKS = ["Late chunking embeds the document once.", "Each chunk then takes the 
 def client():
     with fake_client(max_length=128, max_client_batch_size=4) as c:
         yield c
-
-
-def joined_spans(chunks):
-    spans, start = [], 0
-    for chunk in chunks:
-        spans.append([start, start + len(chunk)])
-        start += len(chunk) + 1
-    return " ".join(chunks), spans
-
-
-def late_chunks(client, chunks):
-    text, spans = joined_spans(chunks)
-    r = client.post("/embed_chunks", json={"inputs": text, "spans": spans, "context": "late"})
-    assert r.status_code == 200, r.text
-    return np.array([c["embedding"] for c in r.json()[0]])
 
 
 def openai_error(r, status, param, *words):
@@ -51,7 +37,7 @@ def test_late_chunking_is_embed_chunks_over_the_joined_spans(client):
     text, _ = joined_spans(CHUNKS)
     tokens = len(client.post("/tokenize", json={"inputs": text}).json()[0])
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), late_chunks(client, CHUNKS), atol=1e-6)
+    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), late_chunk_vectors(client, CHUNKS), atol=1e-6)
     one = client.post("/v1/embeddings", json={"input": ["one chunk"], "model": "m", "late_chunking": True}).json()
     np.testing.assert_allclose(one["data"][0]["embedding"], client.post("/embed", json={"inputs": "one chunk"}).json()[0], atol=1e-6)
 
@@ -65,7 +51,7 @@ def test_contextualized_embeddings_in_voyages_shape(client):
     assert [d["index"] for d in body["data"]] == [0, 1] and [d["object"] for d in body["data"]] == ["list", "list"]
     assert [[c["index"] for c in d["data"]] for d in body["data"]] == [[0, 1, 2], [0]]
     first = np.array([c["embedding"] for c in body["data"][0]["data"]])
-    np.testing.assert_allclose(first, late_chunks(client, CHUNKS), atol=1e-6)
+    np.testing.assert_allclose(first, late_chunk_vectors(client, CHUNKS), atol=1e-6)
     np.testing.assert_allclose(body["data"][1]["data"][0]["embedding"], client.post("/embed", json={"inputs": "alone"}).json()[0], atol=1e-6)
 
 

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 from export_helpers import HTTP_MAX_LENGTH as MAX_LENGTH
-from http_checks import check_attention_formats
+from http_checks import check_attention_formats, late_chunk_vectors
 from http_server import ROOT, start_real_server, terminate_while_busy
 
 
@@ -144,18 +144,6 @@ def test_openai_client(server, client):
 CHUNKS = ["Late chunking runs the whole document through the encoder once.",
           "Each chunk's vector is then the mean of its own tokens' states,",
           "so a chunk that says 'it' still knows what the document is about."]
-
-
-def late_chunk_vectors(client, chunks):
-    """/embed_chunks' vectors of the chunks' spans in the document they make joined with one
-    space, with the context late chunking and contextualized embeddings use here (late: this
-    deployment's chunk_context is none)."""
-    assert client.get("/info").json()["chunk_context"] == "none"
-    starts = np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
-    spans = [[int(a), int(a) + len(c)] for a, c in zip(starts, chunks)]
-    r = client.post("/embed_chunks", json={"inputs": " ".join(chunks), "spans": spans, "context": "late"})
-    assert r.status_code == 200, r.text[:500]
-    return np.array([c["embedding"] for c in r.json()[0]], dtype=np.float32)
 
 
 def test_jina_late_chunking_through_the_openai_client(server, client):

@@ -37,24 +37,23 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
         texts, id_lists = None, raw
     service.check_input_count(len(texts or id_lists), "input")
     query = is_query(body.input_type, body.task)
-    if body.dimensions is not None and body.dimensions > service.hidden_size:
-        raise ServiceError(422, f"dimensions must be at most {service.hidden_size} for this model (got {body.dimensions})", "validation", "dimensions")
+    service.check_dimensions(body.dimensions, "dimensions")
     if body.late_chunking:
         if query:
             raise ServiceError(422, "late_chunking embeds the chunks of a document, but input_type or task says these are queries: "
                                "send queries without late_chunking", "validation", "late_chunking")
         [vectors] = await contextual_chunks(service, [texts], body.truncate, timings, "input", body.normalized, remedy=TOO_LONG_REMEDY)
-    elif texts is not None:
-        tokenized = await service.tokenize(texts, body.truncate, timings, "input", remedy=TOO_LONG_REMEDY)
-        vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input", body.normalized, query)
     else:
-        try:
-            tokenized = service.tokenizer.from_ids(id_lists)
-        except InputTooLong as exc:
-            raise ServiceError(413, exc.advise(TOO_LONG_REMEDY), "too_long", "input") from None
-        except ServiceError as exc:  # an id outside the vocabulary
-            raise exc.at("input") from None
-        timings.input_tokens = [len(t) for t in tokenized]
+        if texts is not None:
+            tokenized = await service.tokenize(texts, body.truncate, timings, "input", remedy=TOO_LONG_REMEDY)
+        else:
+            try:
+                tokenized = service.tokenizer.from_ids(id_lists)
+            except InputTooLong as exc:
+                raise ServiceError(413, exc.advise(TOO_LONG_REMEDY), "too_long", "input") from None
+            except ServiceError as exc:  # an id outside the vocabulary
+                raise exc.at("input") from None
+            timings.input_tokens = [len(t) for t in tokenized]
         vectors = await run_embed(service, [t.ids for t in tokenized], timings, "input", body.normalized, query)
     vectors = as_dtype(fewer_dimensions(vectors, body.dimensions, body.normalized), body.dtype)
     data = [{"object": "embedding", "index": index, "embedding": encode(vector, body.base64)} for index, vector in enumerate(vectors)]
@@ -78,9 +77,7 @@ async def contextualized_embeddings(body: ContextualizedEmbeddingRequest, servic
         index = next(i for i, chunks in enumerate(body.inputs) if len(chunks) > 1)
         raise ServiceError(422, f"input_type query takes one query per inner list, but inputs[{index}] has {len(body.inputs[index])}: "
                            "send [[query], [query], ...]", "validation", "inputs")
-    if body.output_dimension is not None and body.output_dimension > service.hidden_size:
-        raise ServiceError(422, f"output_dimension must be at most {service.hidden_size} for this model (got {body.output_dimension})",
-                           "validation", "output_dimension")
+    service.check_dimensions(body.output_dimension, "output_dimension")
     documents = await contextual_chunks(service, body.inputs, False, timings, "inputs", query=query,
                                         remedy="split the document into two requests, or send it to /embed_chunks with truncate=true")
     data = []
