@@ -17,6 +17,7 @@ from torch import nn
 from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
 from attnserve.models.schedule import ScheduleConfig
 from attnserve.models.registry import build_attention
+from attnserve.service.contract.export_format import COLLAPSE_PATHS  # noqa: F401 - the paths collapse_paths takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +126,6 @@ def query_scale(key_valid: torch.Tensor, rows: int) -> torch.Tensor:
     return factor[:, None, None, None]
 
 
-# The paths through the same weights that "Attention is not all you need" (Dong, Cordonnier and
-# Loukas 2021) compares: pure self-attention loses rank doubly exponentially with depth; skip
-# connections (and, less so, MLPs) keep it (EncoderLayer.along).
-COLLAPSE_PATHS = ("model", "attention_only", "attention_skip", "attention_mlp")
-
-
 class EncoderLayer(nn.Module):
     def __init__(self, shape: BertShape, attention: nn.Module, config: AttentionConfig):
         super().__init__()
@@ -168,19 +163,22 @@ class EncoderLayer(nn.Module):
         mixed, weights = self.attention(q, heads(self.key(x)), heads(self.value(x)), key_valid, need_weights)
         return self.attention_out(mixed.transpose(1, 2).reshape(batch, n, hidden)), weights
 
-    def along(self, x, key_valid, path: str):
-        """This layer along one of COLLAPSE_PATHS: model (the layer itself), attention_only (its
-        attention output alone: no skip, norm or MLP, the pure self-attention of Dong et al.
-        2021), attention_skip (norm(x + attention): the MLP removed) or attention_mlp (the MLP
-        sub-layer on norm(attention): the skips removed)."""
-        if path == "model":
-            return self(x, key_valid)[0]
+    def along_paths(self, x, key_valid, paths):
+        """This layer along each of `paths` (COLLAPSE_PATHS) at once: x and key_valid hold the
+        paths' inputs stacked along the batch (path p's rows p*B..(p+1)*B-1), so that the
+        attention runs once over all of them. The paths: model (the layer itself),
+        attention_only (its attention output alone: no skip, norm or MLP, the pure
+        self-attention of Dong et al. 2021), attention_skip (norm(x + attention): the MLP
+        removed) or attention_mlp (the MLP sub-layer on norm(attention): the skips removed)."""
         attended = self.self_attention(x, key_valid)[0]
-        if path == "attention_only":
-            return attended
-        if path == "attention_skip":
-            return self.attention_norm(x + attended)
-        return self.output_norm(self.output(F.gelu(self.intermediate(self.attention_norm(attended)))))
+        inputs, outputs = x.unflatten(0, (len(paths), -1)), attended.unflatten(0, (len(paths), -1))
+        steps = {
+            "model": lambda x, a: self.feed_forward(self.attention_norm(x + a)),
+            "attention_only": lambda x, a: a,
+            "attention_skip": lambda x, a: self.attention_norm(x + a),
+            "attention_mlp": lambda x, a: self.output_norm(self.output(F.gelu(self.intermediate(self.attention_norm(a))))),
+        }
+        return torch.cat([steps[path](inputs[i], outputs[i]) for i, path in enumerate(paths)])
 
     def feed_forward(self, x):
         return self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
@@ -225,20 +223,20 @@ class LongContextEncoder(nn.Module):
 
     def collapse_paths(self, input_ids, attention_mask, paths=COLLAPSE_PATHS) -> dict[str, torch.Tensor]:
         """{path: (B, 1 + num_layers) rank-collapse ratios}: of the embeddings' output (column
-        0, the same on every path) and of each layer's output along the path (EncoderLayer.along)."""
+        0, the same on every path) and of each layer's output along the path
+        (EncoderLayer.along_paths: the paths run as one batch, len(paths) times B rows)."""
         unknown = [p for p in paths if p not in COLLAPSE_PATHS]
         if unknown:
             raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(COLLAPSE_PATHS)}")
         key_valid = attention_mask.bool()
         start = self.embeddings(input_ids, attention_mask)
-        out = {}
-        for path in paths:
-            x, ratios = start, [rank_collapse_ratio(start, key_valid)]
-            for layer in self.layers:
-                x = layer.along(x, key_valid, path)
-                ratios.append(rank_collapse_ratio(x, key_valid))
-            out[path] = torch.stack(ratios, dim=1)
-        return out
+        x, valid = start.repeat(len(paths), 1, 1), key_valid.repeat(len(paths), 1)
+        ratios = [rank_collapse_ratio(x, valid)]
+        for layer in self.layers:
+            x = layer.along_paths(x, valid, paths)
+            ratios.append(rank_collapse_ratio(x, valid))
+        stacked = torch.stack(ratios, dim=1).unflatten(0, (len(paths), -1))
+        return {path: stacked[i] for i, path in enumerate(paths)}
 
 
 def mean_pool(x, key_valid):

@@ -1,7 +1,7 @@
 """The graphs an export holds and how one is traced to ONNX.
 
-EmbeddingGraph (model.onnx, and short.onnx over a full-attention copy of the encoder) and
-AnalysisGraph (analysis.onnx) wrap the PyTorch encoder; export_graph traces one with
+EmbeddingGraph (model.onnx, and short.onnx over a full-attention copy of the encoder),
+AnalysisGraph (analysis.onnx) and CollapseGraph (collapse.onnx) wrap the PyTorch encoder; export_graph traces one with
 torch.export and converts it with torch.onnx, under onnx_friendly_attention (the SDPA rewrite
 ONNX Runtime's fused Attention needs) and checks what came out.
 
@@ -29,7 +29,7 @@ from torch import nn
 
 from attnserve.models.api import Encoder
 from attnserve.models.attention.base import MASKED, AttentionConfig
-from attnserve.models.encoder import rank_collapse_ratio
+from attnserve.models.encoder import COLLAPSE_PATHS, rank_collapse_ratio
 from attnserve.models.registry import build_attention, make_config
 from attnserve.service.contract.export_format import INPUT_NAMES
 
@@ -90,6 +90,24 @@ class AnalysisGraph(nn.Module):
             x, weights = layer(x, key_valid, need_weights=True)
             outputs += _compact(weights)
         return tuple(outputs)
+
+
+class CollapseGraph(nn.Module):
+    """What collapse.onnx computes: for each of COLLAPSE_PATHS (LongContextEncoder.collapse_paths)
+    the rank-collapse ratio of the embeddings' output and of every layer's output along that
+    path, (B, 1 + num_layers), as output collapse_{path}. Its own graph, because ONNX Runtime
+    runs every node whatever outputs are asked for: in model.onnx the three extra passes would
+    slow every embedding, in analysis.onnx every attention map."""
+
+    def __init__(self, encoder: Encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        return tuple(self.encoder.collapse_paths(input_ids, attention_mask).values())
+
+
+COLLAPSE_OUTPUTS = {path: f"collapse_{path}" for path in COLLAPSE_PATHS}
 
 
 def analysis_layout(encoder: Encoder, length: int) -> list[int]:

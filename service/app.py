@@ -20,7 +20,7 @@ from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.service.contract.pooling import Pooling
 from attnserve.service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
-from attnserve.service.routes import attention, chunks, embed, explorer, install_deployment_schema, meta, openai
+from attnserve.service.routes import attention, chunks, collapse, embed, explorer, install_deployment_schema, meta, openai
 from attnserve.service.settings import VERSION, Settings
 from attnserve.service.state import ServiceState
 from attnserve.service.tokenizer import TextTokenizer
@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
     )
     app.state.service = None
     app.state.settings = settings
-    for module in (embed, chunks, openai, attention, meta, explorer):
+    for module in (embed, chunks, openai, attention, collapse, meta, explorer):
         app.include_router(module.router)
     install_deployment_schema(app)
     install_error_handlers(app)

@@ -30,6 +30,8 @@ class Runner(Protocol):
     max_batch: int  # most inputs in one call
     length_multiple: int  # the sequence granule the main graphs run at
     attention_max_length: int  # longest input an attention map may have (0: no maps)
+    collapse_max_length: int  # longest input the rank collapse paths may have (0: none)
+    collapse_paths: list  # of str: the paths the export computes (model, attention_only, ...)
 
     def padded_length(self, n: int) -> int:
         """The sequence length a batch whose longest input has n tokens runs at."""
@@ -45,6 +47,9 @@ class Runner(Protocol):
 
     def rank_collapse(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[float]:
         """One ratio per layer for the first input."""
+
+    def collapse(self, input_ids: np.ndarray, attention_mask: np.ndarray, paths: list[str]) -> dict[str, list[float]]:
+        """{path: the embeddings' ratio, then one per layer along the path} for the first input."""
 
     def attention_cost(self, n: int, head: int | None = None) -> MapCost:
         """Upper bounds of what a one-layer map of an n-token text holds, before it runs."""
@@ -77,3 +82,7 @@ class Backend:
         """((rows, cols, values), rank-collapse ratio per layer) of the first input."""
         coo = self.runner.attention(ids, mask, layer, head)
         return coo, [float(r) for r in self.runner.rank_collapse(ids, mask)]
+
+    def collapse(self, ids: np.ndarray, mask: np.ndarray, paths: list[str]) -> dict[str, list[float]]:
+        """The first input's rank-collapse ratios along each of `paths` (Runner.collapse)."""
+        return self.runner.collapse(ids, mask, paths)

@@ -77,7 +77,9 @@ class _Job:
     future: asyncio.Future
     enqueued: float
     owner: int  # the request it belongs to (inputs of one request share it)
-    attention: tuple[int, int | None] | None = None  # (layer, head) for an attention map
+    # Runs alone, with the backend and the one input's (ids, mask): attention maps and rank
+    # collapse paths (analysis graphs, whose memory grows with every layer's weights).
+    alone: Callable[[Backend, np.ndarray, np.ndarray], Any] | None = None
     # From the input's last hidden states (n, hidden) to its answer, run in the inference
     # thread (late chunks, token vectors); None: the input's pooled vector.
     reduce: Callable[[np.ndarray], Any] | None = None
@@ -86,7 +88,7 @@ class _Job:
 
     @property
     def kind(self) -> tuple:
-        """Inputs of one kind may share a batch (attention maps run alone)."""
+        """Inputs of one kind may share a batch (jobs with `alone` run alone)."""
         return ("reduce",) if self.reduce is not None else ("embed", self.normalize, self.query)
 
 
@@ -160,8 +162,15 @@ class TokenBudgetBatcher:
 
     async def attention(self, ids: list[int], layer: int, head: int | None, timings: Timings):
         """((rows, cols, values), rank_collapse) for one input."""
+        return await self._alone(ids, lambda backend, ids, mask: backend.attention(ids, mask, layer, head), timings)
+
+    async def collapse(self, ids: list[int], paths: list[str], timings: Timings) -> dict[str, list[float]]:
+        """One input's rank-collapse ratios along each of `paths` (Backend.collapse)."""
+        return await self._alone(ids, lambda backend, ids, mask: backend.collapse(ids, mask, paths), timings)
+
+    async def _alone(self, ids: list[int], work, timings: Timings):
         self._reserve([ids])
-        job = self._enqueue(ids, id(timings), attention=(layer, head))
+        job = self._enqueue(ids, id(timings), alone=work)
         value, batch = await job.future
         self._account([job], [batch], timings)
         return value
@@ -173,8 +182,8 @@ class TokenBudgetBatcher:
         timings.queue += max(0.0, done - min(j.enqueued for j in jobs) - sum(b.seconds for b in distinct))
         timings.batch_sizes.extend(b.size for b in batches)
 
-    def _enqueue(self, ids: list[int], owner: int, attention=None, reduce=None, normalize: bool = True, query: bool = False) -> _Job:
-        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, attention, reduce, normalize, query)
+    def _enqueue(self, ids: list[int], owner: int, alone=None, reduce=None, normalize: bool = True, query: bool = False) -> _Job:
+        job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, alone, reduce, normalize, query)
         self._queues.setdefault(owner, deque()).append(job)
         self._served.setdefault(owner, 0)
         self._on_queue_change(self.queued)
@@ -279,16 +288,16 @@ class TokenBudgetBatcher:
 
     def _next_batch(self) -> list[_Job]:
         """The first input in round-robin order plus the next ones of the same kind while the
-        padded token budget and the batch size allow; attention maps run alone."""
+        padded token budget and the batch size allow; attention maps and collapse paths run alone."""
         candidates = self._candidates()
         first = candidates[0]
         batch, width = [first], len(first.ids)
-        if first.attention is None:
+        if first.alone is None:
             for job in candidates[1:]:
                 if len(batch) >= self.max_batch_requests:
                     break
                 new_width = max(width, len(job.ids))
-                same_kind = job.attention is None and job.kind == first.kind
+                same_kind = job.alone is None and job.kind == first.kind
                 if same_kind and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
                     batch.append(job)
                     width = new_width
@@ -307,8 +316,8 @@ class TokenBudgetBatcher:
         """In the worker thread: one backend call for the whole batch."""
         ids, mask = pad([job.ids for job in batch])
         first = batch[0]
-        if first.attention is not None:
-            return [self.backend.attention(ids, mask, *first.attention)]
+        if first.alone is not None:
+            return [first.alone(self.backend, ids, mask)]
         if first.reduce is not None:
             return self.backend.reduce(ids, mask, [job.reduce for job in batch])
         return list(self.backend.embed(ids, mask, first.normalize, first.query))

@@ -37,7 +37,7 @@ COMMANDS: list[Command] = [
     Command(("bench", "collapse"), "rank collapse of pure attention paths (Dong et al. 2021) per variant, CSV and PNG", "attnserve.service.bench:collapse.configure", "attnserve.service.bench:collapse.bench_collapse_command"),
     Command(("bench", "context"), "what document context buys chunk vectors and one-vector documents, from a cache, and its cost", "attnserve.service.bench:context.configure", "attnserve.service.bench:context.bench_context_command"),
     # ONNX export and its runtime benchmark (models/export.py, benchmarks/runtime.py)
-    Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, tokenizer.json, manifest.json", "attnserve.models.export:configure_export", "attnserve.models.export:export_command"),
+    Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, collapse.onnx, tokenizer.json, manifest.json", "attnserve.models.export:configure_export", "attnserve.models.export:export_command"),
     Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "attnserve.service.bench:runtime.configure_bench_runtime", "attnserve.service.bench:runtime.bench_runtime_command"),
     # the HTTP service (service/)
     Command(("serve",), "serve a variant over HTTP (exports it first if needed)", "attnserve.service.settings:add_settings_arguments", "attnserve.service.serve:serve_command"),

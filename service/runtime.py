@@ -8,6 +8,7 @@ image without PyTorch runs it.
     runner.embed(input_ids, attention_mask)           # (B, 384) float32
     runner.attention(ids, mask, layer=2, head=None)   # (rows, cols, values) COO over tokens
     runner.rank_collapse(ids, mask)                   # one float per layer
+    runner.collapse(ids, mask, ["attention_only"])    # {path: input's ratio, then one per layer}
 
 Every batch is right-padded (attention mask 0) to the export's `length_multiple` before it
 runs: the graphs take sequences of that granule (models/export_graphs.py says why), and padding
@@ -33,6 +34,8 @@ from attnserve.service.contract.export_format import ExportError, Manifest, chec
 log = logging.getLogger("attnserve")
 
 DEFAULT_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+# Graphs opened at their first request, without ONNX Runtime's memory arena (rare and large).
+LAZY_GRAPHS = ("analysis", "collapse")
 _OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
@@ -136,14 +139,19 @@ class OnnxRunner:
         analysis = spec.graphs.analysis
         # Longest text an attention-map request may have (0: the export has no analysis graph).
         self.attention_max_length: int = analysis.max_length if analysis else 0
-        self._analysis = None
-        self._analysis_lock = threading.Lock()
+        collapse = spec.graphs.collapse
+        # Rank collapse along the paths of "Attention is not all you need" (0 and none: the
+        # export has no collapse graph), under the same length limit as the maps.
+        self.collapse_max_length: int = collapse.max_length if collapse else 0
+        self.collapse_paths: list[str] = list(collapse.paths) if collapse else []
+        self._lazy: dict[str, object] = {}
+        self._lazy_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sessions
 
     def _graphs(self) -> list[str]:
-        """The graphs this export holds: embedding, and short and analysis where exported."""
-        return [name for name in ("embedding", "short", "analysis") if getattr(self.export_manifest.graphs, name) is not None]
+        """The graphs this export holds: embedding, and short, analysis and collapse where exported."""
+        return [name for name in ("embedding", "short", "analysis", "collapse") if getattr(self.export_manifest.graphs, name) is not None]
 
     def _open(self, graph: str):
         ort = self._ort
@@ -152,7 +160,7 @@ class OnnxRunner:
         path = self.export_dir / getattr(self.export_manifest.graphs, graph).file
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
-        arena = graph != "analysis"
+        arena = graph not in LAZY_GRAPHS
         if not arena:
             # Maps are rare and large: without ORT's arena their memory goes back after each
             # one (with it the process stays at the largest map's peak; embedding graphs keep
@@ -183,11 +191,12 @@ class OnnxRunner:
             self._arena_sessions.add(id(session))
         return session
 
-    def _analysis_session(self):
-        with self._analysis_lock:
-            if self._analysis is None:
-                self._analysis = self._open("analysis")
-            return self._analysis
+    def _lazy_session(self, graph: str):
+        """The session of an analysis graph, opened at its first use."""
+        with self._lazy_lock:
+            if graph not in self._lazy:
+                self._lazy[graph] = self._open(graph)
+            return self._lazy[graph]
 
     # ------------------------------------------------------------------ inputs
 
@@ -283,6 +292,26 @@ class OnnxRunner:
         ratios = self.run(input_ids, attention_mask, ("rank_collapse",))["rank_collapse"]
         return [float(r) for r in ratios[0]]
 
+    def collapse(self, input_ids, attention_mask, paths) -> dict[str, list[float]]:
+        """{path: the rank-collapse ratio of the embeddings' output, then of each layer's output
+        along that path} for the first document's real tokens, from the collapse graph: each of
+        `paths` one of collapse_paths."""
+        if not self.collapse_max_length:
+            raise ValueError(f"this export has no collapse graph, so no rank collapse paths (exported with --no-analysis, "
+                             f"or by an attnserve before them): {self.export_dir}")
+        unknown = [p for p in paths if p not in self.collapse_paths] if paths else [None]
+        if unknown:
+            raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(self.collapse_paths)}")
+        ids, mask, _ = self._prepare(input_ids, attention_mask)
+        ids, mask = ids[:1], mask[:1]
+        n = int(mask[0].sum())
+        if n > self.collapse_max_length:
+            raise ValueError(f"rank collapse paths of {self.variant} are limited to {self.collapse_max_length} tokens; got {n}: "
+                             f"send a shorter text")
+        names = self.export_manifest.graphs.collapse.paths
+        values = self._run(self._lazy_session("collapse"), [names[p] for p in paths], ids, mask)
+        return {path: [float(r) for r in ratios[0]] for path, ratios in zip(paths, values)}
+
     def attention(self, input_ids, attention_mask, layer: int, head: int | None = None):
         """Layer `layer`'s attention over the first document's real tokens as COO arrays
         (rows, cols, values), duplicates summed, sorted by (row, col); the mean over heads
@@ -312,7 +341,7 @@ class OnnxRunner:
         bytes of the layer's outputs and their conversion), from the analysis graph's output
         shapes, before anything runs."""
         self._require_analysis()
-        session = self._analysis_session()
+        session = self._lazy_session("analysis")
         shapes = {o.name: tuple(o.shape) for o in session.get_outputs()}
         pieces = self.export_manifest.graphs.analysis.attention[0]
         piece_shapes = [(shapes[p["rows"]], shapes[p["cols"]], shapes[p["probs"]]) for p in pieces]
@@ -329,7 +358,7 @@ class OnnxRunner:
                              f"(every layer's weights are computed at once); got {n}: send a shorter text")
 
     def _pieces(self, ids, mask, layers) -> list[list[tuple]]:
-        session = self._analysis_session()
+        session = self._lazy_session("analysis")
         per_layer = [self.export_manifest.graphs.analysis.attention[layer] for layer in layers]
         names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
         values = iter(self._run(session, names, ids, mask))

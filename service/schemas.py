@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from attnserve.service.contract.export_format import COLLAPSE_PATHS
 from attnserve.service.input_types import INPUT_TYPES, JINA_TASKS
 
 # A text needs one character that is neither whitespace nor NUL. The whitespace is Python's
@@ -396,6 +397,36 @@ class GridAttentionResponse(_AttentionCommon):
     format: Literal["grid"] = "grid"
     cell_tokens: int = Field(description="tokens per cell side")
     grid: list[list[float]] = Field(description="mean attention of the queries in row-cell i on the keys in column-cell j (summed), over query_range x key_range")
+
+
+# -- rank collapse ---------------------------------------------------------------------------
+CollapsePath = Literal[COLLAPSE_PATHS]
+
+
+class RankCollapseRequest(_Strict):
+    inputs: Text
+    paths: list[CollapsePath] = Field(
+        list(COLLAPSE_PATHS), min_length=1, max_length=len(COLLAPSE_PATHS), json_schema_extra={"uniqueItems": True},
+        description="model: the model itself; attention_only: skip connections and MLPs removed (pure self-attention); "
+        "attention_skip: MLPs removed; attention_mlp: skip connections removed. Each is one pass through the same weights")
+    truncate: bool = False
+
+    @model_validator(mode="after")
+    def _check_paths(self):
+        twice = sorted({p for p in self.paths if self.paths.count(p) > 1})
+        if twice:
+            raise ValueError(f"paths lists {twice[0]!r} more than once: send each path once")
+        return self
+
+
+class RankCollapseResponse(BaseModel):
+    variant: str = Field(description="the deployment's variant or schedule")
+    layer_variants: list[str] = Field(description="the variant each layer runs, layer 0 first")
+    n_tokens: int
+    embeddings: float = Field(description="the ratio of the embeddings' output, where every path starts")
+    paths: dict[str, list[float]] = Field(
+        description="per path asked for, per layer: ||X - 1 x^T|| / ||X|| of the layer's output along the path (x the mean "
+        "token, sqrt(l1 * linf) norm; near 0: every token has the same vector)")
 
 
 # -- service ---------------------------------------------------------------------------------

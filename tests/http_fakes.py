@@ -28,7 +28,8 @@ class FakeRunner:
 
     def __init__(self, max_length: int = 1024, delay: float = 0.0):
         self.max_length = max_length
-        self.attention_max_length = max_length
+        self.attention_max_length = self.collapse_max_length = max_length
+        self.collapse_paths = ["model", "attention_only", "attention_skip", "attention_mlp"]
         self.delay = delay
         self.manifest = {"variant": "fake", "parameters": {"window": 4}, "max_length": max_length, "hidden_size": 384,
                          "num_layers": 6, "num_heads": 12, "files": {"model.onnx": {"sha256": "0" * 64}}}
@@ -94,13 +95,19 @@ class FakeRunner:
     def rank_collapse(self, input_ids, attention_mask):
         return [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
 
+    def collapse(self, input_ids, attention_mask, paths):
+        """Path i of collapse_paths multiplies the ratio by 0.5 ** i a layer (the model path is rank_collapse)."""
+        curves = {path: [0.95] + [0.95 * 0.5 ** (i * (layer + 1)) for layer in range(6)] for i, path in enumerate(self.collapse_paths)}
+        curves["model"] = [0.95, *self.rank_collapse(input_ids, attention_mask)]
+        return {path: curves[path] for path in paths}
 
-def fake_client(max_length: int = 256, **settings):
+
+def fake_client(max_length: int = 256, runner: FakeRunner | None = None, **settings):
     """A FastAPI TestClient of the whole service over a FakeRunner (use it in a `with`)."""
     from fastapi.testclient import TestClient
 
     from attnserve.service.app import create_app
     from attnserve.service.settings import Settings
 
-    app = create_app(Settings(max_length=max_length, **settings), runner=FakeRunner(max_length=max_length), tokenizer_path=tokenizer_json())
+    app = create_app(Settings(max_length=max_length, **settings), runner=runner or FakeRunner(max_length=max_length), tokenizer_path=tokenizer_json())
     return TestClient(app)

@@ -1,7 +1,7 @@
 """Rank collapse along the four paths of "Attention is not all you need" (Dong et al. 2021):
 the model path is today's curve, the others equal a direct computation with full attention
-written here from the layer's weights, bad paths are refused, and `attnserve bench collapse`
-writes its CSV and figure."""
+written here from the layer's weights, the export's collapse graph equals PyTorch on every
+path, bad paths are refused, and `attnserve bench collapse` writes its CSV and figure."""
 from __future__ import annotations
 
 import csv
@@ -66,6 +66,36 @@ def test_model_path_is_todays_curve_and_the_others_match_a_direct_computation(fu
     # The paper's finding on this text: pure attention collapses (to float32's floor) within a
     # few layers, the skips keep the rank.
     assert paths["attention_only"][-1] < 1e-4 < 0.5 < paths["attention_skip"][-1]
+
+
+@pytest.mark.parametrize("variant, max_length, params", [("longformer", 8200, {}), ("local,full", 512, {"window": 16})])
+def test_the_collapse_graph_equals_pytorch_on_every_path(variant, max_length, params):
+    """The exports the other tests share (longformer's, and a schedule with a 16-token window):
+    each path's ratios from ONNX Runtime within 1e-4 of PyTorch's on two padded documents, and
+    the model path is the curve the embedding graph gives."""
+    import numpy as np
+    from export_helpers import get_export
+
+    from attnserve.service.runtime import OnnxRunner
+
+    export_dir, encoder = get_export(variant, max_length, analysis=True, **params)
+    runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"])
+    assert runner.collapse_paths == list(COLLAPSE_PATHS) and runner.collapse_max_length == runner.attention_max_length
+    rows = encoder.tokenize([long_text(400, seed=1), long_text(150, seed=4)])
+    width = max(len(r) for r in rows)
+    ids = np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
+    mask = (np.arange(width)[None] < np.array([len(r) for r in rows])[:, None]).astype(np.int64)
+    with torch.no_grad():
+        expected = encoder.collapse_paths(torch.tensor(ids), torch.tensor(mask))
+    for row in range(2):
+        got = runner.collapse(ids[row:row + 1], mask[row:row + 1], list(COLLAPSE_PATHS))
+        for path in COLLAPSE_PATHS:
+            assert np.abs(np.array(got[path]) - expected[path][row].numpy()).max() <= 1e-4, (row, path)
+        assert got["model"][1:] == pytest.approx(runner.rank_collapse(ids[row:row + 1], mask[row:row + 1]), abs=1e-5)
+    # Only the paths asked for, in that order.
+    assert list(runner.collapse(ids[:1], mask[:1], ["attention_mlp", "model"])) == ["attention_mlp", "model"]
+    with pytest.raises(ValueError, match="choose from model, attention_only"):
+        runner.collapse(ids[:1], mask[:1], ["attention"])
 
 
 def test_bad_path_names_the_valid_ones(full):

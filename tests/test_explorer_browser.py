@@ -4,8 +4,8 @@ shared longformer export (8,200 tokens, with its analysis graph).
 
 Checked: the page loads with no console errors and asks for the API key; maps for a 30-token
 and a 4,000-token text (pixels drawn, another layer draws others); hover names the query and
-key tokens; a click highlights what a token attends to; the rank-collapse curve has one point
-per layer; dragging zooms into exact weights; compare mode calls a peer across origins (CORS). Printed, not asserted: the page's load time and
+key tokens; a click highlights what a token attends to; the rank-collapse chart draws the four
+paths of /rank_collapse on a log scale, one point per layer; dragging zooms into exact weights; compare mode calls a peer across origins (CORS). Printed, not asserted: the page's load time and
 the first 4,000-token map against one /attention grid call.
 
 Screenshots: each variant in ATTNSERVE_EXPLORER_VARIANTS (default longformer, whose export the
@@ -175,7 +175,18 @@ def test_short_text_map_hover_click_and_rank_collapse(server, browser):
     assert 1 < len(highlighted) <= 30
     assert browser.find_element(By.CSS_SELECTOR, "#text .tok.selected").get_attribute("data-i") == "7"
 
+    # The four paths of /rank_collapse on a log scale, drawn from the server's answer.
+    wait(browser, "return state.collapse && Number(document.getElementById('rank').dataset.ready || 0) > 0", 120)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#rank circle")) == 6
+    curves = browser.find_elements(By.CSS_SELECTOR, "#rank polyline")
+    assert [c.get_attribute("data-path") for c in curves] == ["model", "attention_only", "attention_skip", "attention_mlp"]
+    assert all(len(c.get_attribute("points").split()) == 7 for c in curves)  # the embeddings and six layers
+    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {API_KEY}"}, timeout=120) as client:
+        direct = client.post("/rank_collapse", json={"inputs": text_of(30), "truncate": True}).json()
+    assert browser.execute_script("return state.collapse") == direct
+    heights = {c.get_attribute("data-path"): [float(p.split(",")[1]) for p in c.get_attribute("points").split()] for c in curves}
+    # SVG y grows downwards: pure attention ends far below the model (rank collapse), on a log axis.
+    assert heights["attention_only"][-1] > heights["model"][-1] + 50
     assert console_errors(browser) == []
 
 
@@ -187,6 +198,8 @@ def test_compare_mode_draws_each_peer(server, browser):
     box.click()
     draw(browser, text_of(30), layer=2)
     wait(browser, "return document.querySelectorAll('#peers .peer canvas[data-ready]').length === 1", 120)
+    wait(browser, "return document.querySelectorAll('#peers .peer svg[data-ready]').length === 1", 120)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#peers .peer svg polyline")) == 4  # the peer's four paths
     title = browser.find_element(By.CSS_SELECTOR, "#peers .peer h3").text
     assert title.startswith("longformer {") and f"localhost:{server.port}" in title
     assert browser.execute_script("return document.querySelectorAll('#peers .peer').length") == 1  # not itself again

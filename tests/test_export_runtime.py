@@ -41,8 +41,8 @@ def test_manifest_describes_the_export(export):
     assert manifest["sha256"] == sha256(export_dir / "model.onnx")
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == sha256(export_dir / name), name
-    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data",
-                                      "short.onnx", "short.onnx.data", "tokenizer.json"}  # short: tests/test_short_inputs.py
+    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "collapse.onnx",
+                                      "collapse.onnx.data", "short.onnx", "short.onnx.data", "tokenizer.json"}  # short: tests/test_short_inputs.py
     assert manifest["versions"]["torch"] == torch.__version__ and manifest["versions"]["onnx"] == onnx.__version__
     model = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
@@ -52,6 +52,9 @@ def test_manifest_describes_the_export(export):
         assert all(d.dim_param for d in value.type.tensor_type.shape.dim)
     assert len(manifest["graphs"]["analysis"]["attention"]) == 6
     assert manifest["graphs"]["analysis"]["max_length"] == MAX_LENGTH  # longformer's maps are O(N * window)
+    collapse = manifest["graphs"]["collapse"]  # tests/test_collapse.py checks its values
+    assert collapse["paths"] == {path: f"collapse_{path}" for path in ("model", "attention_only", "attention_skip", "attention_mlp")}
+    assert collapse["max_length"] == MAX_LENGTH and collapse["outputs"] == list(collapse["paths"].values())
 
 
 def test_runner_reports_the_provider_that_runs(runner):

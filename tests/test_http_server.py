@@ -197,6 +197,25 @@ def test_attention_formats(client):
     assert set(cols[rows == 0]) == set(range(body["n_tokens"]))  # CLS is global in longformer
 
 
+def test_rank_collapse_matches_pytorch(client):
+    """/rank_collapse from the export's collapse graph equals the PyTorch encoder's paths."""
+    from attnserve.models import load_encoder
+
+    text = "Pure attention loses rank with depth; the skip connections keep it. " * 20
+    r = client.post("/rank_collapse", json={"inputs": text})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = load_encoder("longformer", max_length=MAX_LENGTH).rank_collapse(text, paths=list(body["paths"]))
+    assert list(body["paths"]) == ["model", "attention_only", "attention_skip", "attention_mlp"]
+    for path, curve in expected.items():
+        np.testing.assert_allclose(body["paths"][path], curve, atol=1e-4, err_msg=path)
+    assert body["paths"]["model"] == pytest.approx(client.post("/attention", json={"inputs": text, "layer": 0}).json()["rank_collapse"], abs=1e-5)
+    # The paper's finding on this text: pure attention collapses, the skips keep the rank.
+    assert body["paths"]["attention_only"][-1] < 0.01 < 0.3 < body["paths"]["attention_skip"][-1]
+    r = client.post("/rank_collapse", json={"inputs": text, "paths": ["attention_only", "nope"]})
+    assert r.status_code == 422 and "paths" in r.text
+
+
 def test_tokenize_and_metrics(client):
     toks = client.post("/tokenize", json={"inputs": "Hello attention"}).json()[0]
     assert [t["text"] for t in toks] == ["[CLS]", "hello", "attention", "[SEP]"]
@@ -293,6 +312,8 @@ def test_serving_needs_neither_torch_nor_models(export_dir):
         assert r.status_code == 200 and len(r.json()[0]) == 384
         r = httpx.post(proc.url + "/attention", json={"inputs": "no torch here", "layer": 1, "format": "grid"}, timeout=120)
         assert r.status_code == 200
+        r = httpx.post(proc.url + "/rank_collapse", json={"inputs": "no torch here"}, timeout=120)
+        assert r.status_code == 200 and len(r.json()["paths"]["attention_only"]) == 6
         provider = httpx.get(proc.url + "/info", timeout=60).json()["provider"]
     finally:
         proc.stop()

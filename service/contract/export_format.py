@@ -7,6 +7,8 @@ is the one module both sides import. An export directory holds:
     model.onnx (+ model.onnx.data)       the embedding graph: input_ids, attention_mask ->
                                          sentence_embedding, last_hidden_state, rank_collapse
     analysis.onnx (+ analysis.onnx.data) the attention maps of every layer, compact form
+    collapse.onnx (+ collapse.onnx.data) written with analysis.onnx: the rank-collapse ratio
+                                         per layer along each path of graphs.collapse.paths
     short.onnx (+ short.onnx.data)       only for variants exact on short inputs: the embedding
                                          graph with full attention, unpadded, for inputs up to
                                          graphs.short.max_length tokens
@@ -33,10 +35,16 @@ from attnserve.service.contract.schedule import schedule_slug
 FORMAT = "attnserve-onnx/1"
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
-GRAPH_FILES = ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "short.onnx", "short.onnx.data")
+GRAPH_FILES = ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "collapse.onnx", "collapse.onnx.data",
+               "short.onnx", "short.onnx.data")
 INPUT_NAMES = ["input_ids", "attention_mask"]
 EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
 MIN_LENGTH = 2
+# The paths through the same weights that "Attention is not all you need" (Dong, Cordonnier and
+# Loukas 2021) compares, each a collapse graph output: the model itself; attention_only (skip
+# connections and MLPs removed: pure self-attention, which loses rank doubly exponentially with
+# depth); attention_skip (MLPs removed); attention_mlp (skips removed).
+COLLAPSE_PATHS = ("model", "attention_only", "attention_skip", "attention_mlp")
 # Adapted weights (`attnserve adapt variant --out DIR`): DIR holds these two; an export made with them
 # carries DIR's adapt.json, and serving names its cache entry by the weights' sha256.
 WEIGHTS_FILE = "weights.safetensors"
@@ -92,10 +100,18 @@ class AnalysisGraph(Graph):
     attention: list[list[dict[str, str]]]
 
 
+class CollapseGraph(Graph):
+    max_length: int
+    # Path name (model, attention_only, attention_skip, attention_mlp) -> its output, (batch,
+    # 1 + num_layers): the ratio of the embeddings' output, then of each layer's along the path.
+    paths: dict[str, str]
+
+
 class Graphs(_Record):
     embedding: Graph
     short: ShortGraph | None = None
     analysis: AnalysisGraph | None = None
+    collapse: CollapseGraph | None = None
 
 
 class WeightsRecord(_Record):

@@ -1,5 +1,6 @@
 // attnserve's attention explorer: /attention's pooled grid as a heatmap, zoom into exact
-// weights, a token's attention over the text, and each layer's rank collapse. Plain browser
+// weights, a token's attention over the text, and each layer's rank collapse along the four
+// paths of /rank_collapse. Plain browser
 // JavaScript, no build step and nothing loaded from elsewhere.
 "use strict";
 
@@ -216,30 +217,92 @@ class MapView {
   }
 }
 
-function drawRankCollapse(ratios, current) {
-  const svg = $("rank"), W = 300, H = 200, pad = 34, ns = "http://www.w3.org/2000/svg";
+// The four paths of "Attention is not all you need" (Dong et al. 2021) through the same
+// weights, as /rank_collapse names them, with their colours and legend labels.
+const PATHS = [
+  ["model", "#31688e", "model"],
+  ["attention_only", "#b00020", "attention only"],
+  ["attention_skip", "#35b779", "attention + skip"],
+  ["attention_mlp", "#e08214", "attention + MLP"],
+];
+const RATIO_FLOOR = 1e-8; // float32 noise: ratios below it are drawn on the floor
+
+// Rank collapse on a log scale: one curve per path of a /rank_collapse answer (x: the
+// embeddings' output, then each layer's), or the model curve alone (`ratios`, one per layer)
+// when the server has no collapse graph. `current`: the layer the map shows.
+function drawRankCollapse(svg, { collapse = null, ratios = null, current = null } = {}) {
+  const W = Number(svg.getAttribute("width")), H = Number(svg.getAttribute("height")), ns = "http://www.w3.org/2000/svg";
+  const left = 44, right = 10, top = 10, bottom = 50;
   svg.replaceChildren();
-  const top = Math.max(1e-9, ...ratios) * 1.1;
-  const x = (l) => pad + (ratios.length > 1 ? (l * (W - 2 * pad)) / (ratios.length - 1) : 0);
-  const y = (v) => H - pad - (v / top) * (H - 2 * pad);
-  const add = (tag, attrs, text) => {
+  const curves = collapse
+    ? PATHS.filter(([path]) => path in collapse.paths).map(([path, colour, name]) => ({ path, colour, name, values: [collapse.embeddings, ...collapse.paths[path]] }))
+    : [{ path: "model", colour: PATHS[0][1], name: "model", values: [null, ...ratios] }];
+  const all = curves.flatMap((c) => c.values).filter((v) => v !== null);
+  const hi = Math.max(0, Math.ceil(Math.log10(Math.max(...all, RATIO_FLOOR)))), lo = Math.min(hi - 1, Math.floor(Math.log10(Math.max(Math.min(...all), RATIO_FLOOR))));
+  const depth = curves[0].values.length - 1;
+  const x = (i) => left + (i * (W - left - right)) / depth;
+  const y = (v) => top + ((hi - Math.log10(Math.max(v, RATIO_FLOOR))) * (H - top - bottom)) / (hi - lo);
+  const add = (tag, attrs, text, parent = svg) => {
     const el = document.createElementNS(ns, tag);
     for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
     if (text !== undefined) el.textContent = text;
-    svg.appendChild(el);
+    parent.appendChild(el);
     return el;
   };
-  add("line", { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, stroke: "#999" });
-  add("line", { x1: pad, y1: pad, x2: pad, y2: H - pad, stroke: "#999" });
-  for (const v of [0, top / 2, top]) add("text", { x: pad - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10 }, v.toFixed(2));
-  add("text", { x: W / 2, y: H - 4, "text-anchor": "middle", "font-size": 11 }, "layer");
-  add("polyline", { points: ratios.map((v, l) => `${x(l)},${y(v)}`).join(" "), fill: "none", stroke: "#31688e", "stroke-width": 2 });
-  ratios.forEach((v, l) => {
-    add("text", { x: x(l), y: H - pad + 14, "text-anchor": "middle", "font-size": 10 }, String(l));
-    const dot = add("circle", { cx: x(l), cy: y(v), r: l === current ? 6 : 4, class: l === current ? "current" : "" });
-    add("title", {}, `layer ${l}: ${v.toFixed(4)}`);
-    dot.appendChild(svg.lastChild);
+  add("line", { x1: left, y1: H - bottom, x2: W - right, y2: H - bottom, stroke: "#999" });
+  add("line", { x1: left, y1: top, x2: left, y2: H - bottom, stroke: "#999" });
+  const every = Math.max(1, Math.ceil((hi - lo) / 6));
+  for (let d = lo; d <= hi; d += every) {
+    add("line", { x1: left, y1: y(10 ** d), x2: W - right, y2: y(10 ** d), stroke: "#eee" });
+    add("text", { x: left - 4, y: y(10 ** d) + 3, "text-anchor": "end", "font-size": 9 }, `1e${d}`);
+  }
+  for (let i = 0; i <= depth; i++) add("text", { x: x(i), y: H - bottom + 12, "text-anchor": "middle", "font-size": 9 }, i === 0 ? "in" : String(i - 1));
+  add("text", { x: (left + W - right) / 2, y: H - bottom + 24, "text-anchor": "middle", "font-size": 10 }, "layer (in: the embeddings)");
+  for (const c of curves) {
+    const points = c.values.map((v, i) => (v === null ? null : `${x(i)},${y(v)}`)).filter(Boolean).join(" ");
+    add("polyline", { points, fill: "none", stroke: c.colour, "stroke-width": 2, "data-path": c.path });
+  }
+  // The model curve's layers as points, the map's layer marked; hover gives every path's value.
+  curves[0].values.slice(1).forEach((v, l) => {
+    const dot = add("circle", { cx: x(l + 1), cy: y(v), r: l === current ? 5 : 3, class: l === current ? "current" : "" });
+    add("title", {}, [`layer ${l}`, ...curves.map((c) => `${c.name}: ${c.values[l + 1].toExponential(2)}`)].join("\n"), dot);
   });
+  curves.forEach((c, i) => {
+    const lx = left + (i % 2) * 130, ly = H - 12 + Math.floor(i / 2) * 11 - (curves.length > 2 ? 8 : 0);
+    add("line", { x1: lx, y1: ly - 3, x2: lx + 14, y2: ly - 3, stroke: c.colour, "stroke-width": 2 });
+    add("text", { x: lx + 18, y: ly, "font-size": 10 }, c.name);
+  });
+  svg.dataset.ready = String(Number(svg.dataset.ready || 0) + 1);
+}
+
+// /rank_collapse of `text` from server `base` (all four paths), asked once per server and text.
+const collapseCache = new Map();
+function rankCollapse(base, text) {
+  const key = `${base}\u0000${text}`;
+  if (!collapseCache.has(key)) {
+    const answer = api(base, "/rank_collapse", { inputs: text, truncate: true });
+    answer.catch(() => collapseCache.delete(key)); // a failure is asked again next time
+    collapseCache.set(key, answer);
+  }
+  return collapseCache.get(key);
+}
+
+// The main view's curves: the four paths when the server has its collapse graph, else the map
+// answer's model curve with the reason beside it.
+async function showCollapse(answer) {
+  const note = $("rank-note");
+  try {
+    const collapse = await rankCollapse("", state.text);
+    if (state.answer !== answer) return; // another map was asked for meanwhile
+    state.collapse = collapse;
+    note.textContent = "";
+    drawRankCollapse($("rank"), { collapse, current: answer.layer });
+  } catch (e) {
+    if (state.answer !== answer) return;
+    state.collapse = null;
+    note.textContent = `Only the model's curve: ${e.message}`;
+    drawRankCollapse($("rank"), { ratios: answer.rank_collapse, current: answer.layer });
+  }
 }
 
 // The text with one span per token, placed by the answer's character offsets.
@@ -311,7 +374,7 @@ async function show(window = {}) {
     const firstNew = !state.answer || state.answer.n_tokens !== answer.n_tokens || !window.query_range;
     state.answer = answer;
     main.draw(answer);
-    drawRankCollapse(answer.rank_collapse, answer.layer);
+    showCollapse(answer); // its own request: the map does not wait for it
     if (firstNew) drawText(answer);
     const ms = performance.now() - started;
     // Timings the browser test reads: click to drawn, the server's part, the page's own part.
@@ -343,13 +406,22 @@ async function comparePeers() {
     title.textContent = base;
     const canvas = document.createElement("canvas");
     canvas.width = canvas.height = 360;
-    panel.append(title, canvas);
+    const curves = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    curves.setAttribute("width", "360");
+    curves.setAttribute("height", "200");
+    curves.setAttribute("class", "rank");
+    panel.append(title, canvas, curves);
     box.appendChild(panel);
     try {
       const info = await api(base, "/info");
       title.textContent = `${info.variant} ${JSON.stringify(info.parameters)} (${base})`;
       const answer = await api(base, "/attention", request({ format: "grid", max_cells: 128 }));
       new MapView(canvas).draw(answer);
+      try {
+        drawRankCollapse(curves, { collapse: await rankCollapse(base, state.text), current: answer.layer });
+      } catch (e) {
+        drawRankCollapse(curves, { ratios: answer.rank_collapse, current: answer.layer });
+      }
     } catch (e) {
       title.textContent = `${base}: ${e.message}`;
     }
