@@ -262,6 +262,7 @@ def test_screenshot(variant, tmp_path):
         assert driver.find_element(By.ID, "input").get_attribute("value") == samples[1]["text"]
         Select(driver.find_element(By.ID, "head")).select_by_value("0")
         draw(driver, samples[1]["text"], layer=0)
+        wait(driver, "return Number(document.getElementById('rank').dataset.ready || 0) > 0", 300)  # the curves beside it
         path = out_dir / f"explorer-{variant}.png"
         driver.find_element(By.ID, "view").screenshot(str(path))
         assert console_errors(driver) == []

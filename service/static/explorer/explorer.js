@@ -232,7 +232,7 @@ const RATIO_FLOOR = 1e-8; // float32 noise: ratios below it are drawn on the flo
 // when the server has no collapse graph. `current`: the layer the map shows.
 function drawRankCollapse(svg, { collapse = null, ratios = null, current = null } = {}) {
   const W = Number(svg.getAttribute("width")), H = Number(svg.getAttribute("height")), ns = "http://www.w3.org/2000/svg";
-  const left = 44, right = 10, top = 10, bottom = 50;
+  const left = 44, right = 10, top = 10, bottom = 62;
   svg.replaceChildren();
   const curves = collapse
     ? PATHS.filter(([path]) => path in collapse.paths).map(([path, colour, name]) => ({ path, colour, name, values: [collapse.embeddings, ...collapse.paths[path]] }))
@@ -268,7 +268,7 @@ function drawRankCollapse(svg, { collapse = null, ratios = null, current = null 
     add("title", {}, [`layer ${l}`, ...curves.map((c) => `${c.name}: ${c.values[l + 1].toExponential(2)}`)].join("\n"), dot);
   });
   curves.forEach((c, i) => {
-    const lx = left + (i % 2) * 130, ly = H - 12 + Math.floor(i / 2) * 11 - (curves.length > 2 ? 8 : 0);
+    const lx = left + (i % 2) * 130, ly = H - 20 + Math.floor(i / 2) * 13;
     add("line", { x1: lx, y1: ly - 3, x2: lx + 14, y2: ly - 3, stroke: c.colour, "stroke-width": 2 });
     add("text", { x: lx + 18, y: ly, "font-size": 10 }, c.name);
   });
