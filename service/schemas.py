@@ -465,6 +465,9 @@ class InfoResponse(BaseModel):
     context_heads: dict | None = Field(None, description="the context heads served (folder, the variant they were learned on, "
                                        "chunk_tokens, design per kind); null: none")
     input_types: dict[str, str] = Field(description="what a query and a document get here (input_type, Jina's task)")
+    attention_max_length: int = Field(description="longest text /attention maps (0: the export has no analysis graph)")
+    rank_collapse_paths: list[str] = Field(description="the paths /rank_collapse follows ([]: the export has no collapse graph)")
+    rank_collapse_max_length: int = Field(description="longest text /rank_collapse takes (0: none)")
     version: str
 
 

@@ -29,6 +29,11 @@ def test_every_path_by_default_one_ratio_per_layer(client):
     assert "x-inference-time" in r.headers
 
 
+def test_info_says_what_the_route_takes(client):
+    info = client.get("/info").json()
+    assert info["rank_collapse_paths"] == PATHS and info["rank_collapse_max_length"] == info["attention_max_length"] == 64
+
+
 def test_only_the_paths_asked_for_in_their_order(client):
     body = client.post("/rank_collapse", json={"inputs": TEXT, "paths": ["attention_mlp", "attention_only"]}).json()
     assert list(body["paths"]) == ["attention_mlp", "attention_only"]
@@ -69,4 +74,5 @@ def test_an_export_without_the_graph_is_422_saying_to_export_again():
     with fake_client(runner=runner) as c:
         r = c.post("/rank_collapse", json={"inputs": TEXT})
         assert r.status_code == 422 and "export it again" in r.json()["error"]
+        assert c.get("/info").json()["rank_collapse_paths"] == []
         assert c.get("/health").status_code == 200

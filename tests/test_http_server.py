@@ -70,6 +70,8 @@ def test_info(client, export_dir):
     assert info["model_sha256"] == manifest["files"]["model.onnx"]["sha256"]
     assert info["parameters"]["window"] == 512 and info["num_layers"] == 6
     assert info["batching"]["max_client_batch_size"] == 8 and info["version"]
+    assert info["attention_max_length"] == info["rank_collapse_max_length"] == MAX_LENGTH  # longformer's maps are O(N * window)
+    assert info["rank_collapse_paths"] == ["model", "attention_only", "attention_skip", "attention_mlp"]
 
 
 def test_embed_matches_pytorch_encoder(client):
