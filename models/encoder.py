@@ -17,7 +17,7 @@ from torch import nn
 from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
 from attnserve.models.schedule import ScheduleConfig
 from attnserve.models.registry import build_attention
-from attnserve.service.contract.export_format import COLLAPSE_PATHS  # noqa: F401 - the paths collapse_paths takes
+from attnserve.service.contract.export_format import COLLAPSE_PATHS
 
 
 @dataclasses.dataclass(frozen=True)

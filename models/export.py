@@ -110,8 +110,8 @@ def export_model(variant: str, params: dict, max_length: int, out_dir, *, analys
                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None,
                  precision: str = DEFAULT_PRECISION, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
-    model.onnx (+ .data), analysis.onnx and collapse.onnx (+ .data) unless analysis=False, tokenizer.json and
-    manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
+    model.onnx (+ .data), analysis.onnx and collapse.onnx (+ .data) unless analysis=False,
+    tokenizer.json and manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
     them and the manifest records their sha256; `precision` int8 or float16 converts the
     graphs (export_precision.py). Returns out_dir. Raises ValueError for bad variant/params or
     a precision the variant cannot take (WeightsError for weights that do not fit) and
@@ -300,13 +300,16 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
                               "max_length": analysis_max_length(encoder, multiple, capacity, max_length)}
         log(f"  attention maps: up to {graphs['analysis']['max_length']} tokens (all layers' weights <= "
             f"{ANALYSIS_BUDGET_BYTES >> 30} GiB)")
-        # Rank collapse along the paths of "Attention is not all you need": served beside the
-        # maps, under the same length limit.
+        # Rank collapse along the paths of "Attention is not all you need", served beside the
+        # maps. The paths run as one batch of four, so a text may have a quarter of max_length
+        # tokens (their memory is that of one max_length input) and no more than a map.
         with torch.no_grad():
             export_graph(CollapseGraph(traced).eval(), out_dir / "collapse.onnx", list(COLLAPSE_OUTPUTS.values()), multiple,
                           capacity, max_batch, opset, optimize, log)
+        collapse_length = min(graphs["analysis"]["max_length"], max(MIN_LENGTH, max_length // len(COLLAPSE_OUTPUTS)))
         graphs["collapse"] = {"file": "collapse.onnx", "outputs": list(COLLAPSE_OUTPUTS.values()), "paths": COLLAPSE_OUTPUTS,
-                              "max_length": graphs["analysis"]["max_length"]}
+                              "max_length": collapse_length}
+        log(f"  rank collapse paths: up to {collapse_length} tokens")
 
     shutil.copyfile(model_dir() / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
     weights = getattr(encoder, "weights", None)
@@ -374,7 +377,8 @@ def configure_export(parser) -> None:
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
     parser.add_argument("--max-length", type=int, default=16384, help="longest input in tokens (default 16384)")
     parser.add_argument("--out", help="export directory to write (required unless --print-recipe)")
-    parser.add_argument("--no-analysis", action="store_true", help="skip analysis.onnx and collapse.onnx (attention maps, rank collapse paths)")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="skip analysis.onnx and collapse.onnx (attention maps, rank collapse paths)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs PyTorch check")
     parser.add_argument("--optimize", action="store_true",
                         help="run the exporter's onnxscript optimiser too (2x slower export; ONNX Runtime optimises at load anyway)")

@@ -1,9 +1,10 @@
 """The graphs an export holds and how one is traced to ONNX.
 
 EmbeddingGraph (model.onnx, and short.onnx over a full-attention copy of the encoder),
-AnalysisGraph (analysis.onnx) and CollapseGraph (collapse.onnx) wrap the PyTorch encoder; export_graph traces one with
-torch.export and converts it with torch.onnx, under onnx_friendly_attention (the SDPA rewrite
-ONNX Runtime's fused Attention needs) and checks what came out.
+AnalysisGraph (analysis.onnx) and CollapseGraph (collapse.onnx) wrap the PyTorch encoder;
+export_graph traces one with torch.export and converts it with torch.onnx, under
+onnx_friendly_attention (the SDPA rewrite ONNX Runtime's fused Attention needs) and checks
+what came out.
 
 Dynamic shapes. Batch and sequence are dynamic axes. The block-sparse variants pad the
 sequence to a multiple of their block inside forward(); torch.export cannot prove the shape

@@ -78,7 +78,7 @@ class _Job:
     enqueued: float
     owner: int  # the request it belongs to (inputs of one request share it)
     # Runs alone, with the backend and the one input's (ids, mask): attention maps and rank
-    # collapse paths (analysis graphs, whose memory grows with every layer's weights).
+    # collapse paths (the analysis graphs: rare, and larger than an embedding).
     alone: Callable[[Backend, np.ndarray, np.ndarray], Any] | None = None
     # From the input's last hidden states (n, hidden) to its answer, run in the inference
     # thread (late chunks, token vectors); None: the input's pooled vector.

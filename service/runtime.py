@@ -141,7 +141,8 @@ class OnnxRunner:
         self.attention_max_length: int = analysis.max_length if analysis else 0
         collapse = spec.graphs.collapse
         # Rank collapse along the paths of "Attention is not all you need" (0 and none: the
-        # export has no collapse graph), under the same length limit as the maps.
+        # export has no collapse graph); its four paths run as one batch, so a text may have a
+        # quarter of max_length tokens, and no more than a map.
         self.collapse_max_length: int = collapse.max_length if collapse else 0
         self.collapse_paths: list[str] = list(collapse.paths) if collapse else []
         self._lazy: dict[str, object] = {}
@@ -162,7 +163,7 @@ class OnnxRunner:
         options.log_severity_level = 3  # the CUDA fallback is reported through .provider
         arena = graph not in LAZY_GRAPHS
         if not arena:
-            # Maps are rare and large: without ORT's arena their memory goes back after each
+            # Maps and collapse paths are rare and large: without ORT's arena their memory goes back after each
             # one (with it the process stays at the largest map's peak; embedding graphs keep
             # the arena, which is 10-25% faster on long inputs).
             options.enable_cpu_mem_arena = False

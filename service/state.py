@@ -201,15 +201,16 @@ async def run_attention(service: ServiceState, ids: list[int], layer: int, head:
 
 
 def check_collapse_length(service: ServiceState, n: int) -> None:
-    """422 for an export without the collapse graph, 413 for a text past its limit (that of the
-    attention maps: the paths run as four inputs at once, within a map's memory)."""
+    """422 for an export without the collapse graph, 413 for a text past its limit (a quarter
+    of max_length, as the four paths run as one batch, and no more than a map's)."""
     limit = service.runner.collapse_max_length
     if not limit:
         raise ServiceError(422, "this deployment's export has no collapse graph, so no rank collapse paths (exported with "
                            "--no-analysis, or by an older attnserve: export it again)", "validation", "inputs")
     if n > limit:
-        raise ServiceError(413, f"rank collapse paths of {service.variant} are limited to {limit} tokens (the attention maps' "
-                           f"limit); this text is {n}: send a shorter text", "too_long", "inputs")
+        raise ServiceError(413, f"rank collapse paths of {service.variant} are limited to {limit} tokens (the four paths run "
+                           f"as one batch of {limit} tokens each, within the memory of one max_length input, and no longer "
+                           f"than an attention map); this text is {n}: send a shorter text", "too_long", "inputs")
 
 
 async def run_collapse(service: ServiceState, ids: list[int], paths: list[str], timings: Timings) -> dict[str, list[float]]:

@@ -80,8 +80,10 @@ def test_the_collapse_graph_equals_pytorch_on_every_path(variant, max_length, pa
 
     export_dir, encoder = get_export(variant, max_length, analysis=True, **params)
     runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"])
-    assert runner.collapse_paths == list(COLLAPSE_PATHS) and runner.collapse_max_length == runner.attention_max_length
-    rows = encoder.tokenize([long_text(400, seed=1), long_text(150, seed=4)])
+    limit = runner.collapse_max_length
+    assert runner.collapse_paths == list(COLLAPSE_PATHS) and limit == min(runner.attention_max_length, max_length // 4)
+    # Two documents, the longer one at the limit, the other half as long.
+    rows = [ids[: n - 1] + [102] for ids, n in zip(encoder.tokenize([long_text(2000, seed=1), long_text(2000, seed=4)]), (limit, limit // 2))]
     width = max(len(r) for r in rows)
     ids = np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
     mask = (np.arange(width)[None] < np.array([len(r) for r in rows])[:, None]).astype(np.int64)

@@ -240,6 +240,11 @@ def test_long_text_map_zoom_and_timing(server, browser):
     zoomed = browser.execute_script("return state.answer")
     assert zoomed["query_range"] == [0, 64] and zoomed["key_range"] == [0, 64] and zoomed["cell_tokens"] == 1
     assert len(zoomed["grid"]) == 64
+    # Past the server's rank-collapse limit (a quarter of max_length) the paths follow the text's first tokens.
+    limit = browser.execute_script("return state.info.rank_collapse_max_length")
+    wait(browser, "return state.collapse !== undefined && document.getElementById('rank-note').textContent.includes('first')", 300)
+    assert f"first {limit - 4} tokens" in browser.find_element(By.ID, "rank-note").text
+    assert browser.execute_script("return state.collapse.n_tokens") <= limit
     assert console_errors(browser) == []
 
 

@@ -54,7 +54,8 @@ def test_manifest_describes_the_export(export):
     assert manifest["graphs"]["analysis"]["max_length"] == MAX_LENGTH  # longformer's maps are O(N * window)
     collapse = manifest["graphs"]["collapse"]  # tests/test_collapse.py checks its values
     assert collapse["paths"] == {path: f"collapse_{path}" for path in ("model", "attention_only", "attention_skip", "attention_mlp")}
-    assert collapse["max_length"] == MAX_LENGTH and collapse["outputs"] == list(collapse["paths"].values())
+    assert collapse["max_length"] == MAX_LENGTH // 4  # four paths in one batch: one max_length input's tokens
+    assert collapse["outputs"] == list(collapse["paths"].values())
 
 
 def test_runner_reports_the_provider_that_runs(runner):

@@ -287,22 +287,33 @@ function rankCollapse(base, text) {
   return collapseCache.get(key);
 }
 
-// The main view's curves: the four paths when the server has its collapse graph, else the map
-// answer's model curve with the reason beside it.
-async function showCollapse(answer) {
-  const note = $("rank-note");
-  try {
-    const collapse = await rankCollapse("", state.text);
-    if (state.answer !== answer) return; // another map was asked for meanwhile
-    state.collapse = collapse;
-    note.textContent = "";
-    drawRankCollapse($("rank"), { collapse, current: answer.layer });
-  } catch (e) {
-    if (state.answer !== answer) return;
-    state.collapse = null;
-    note.textContent = `Only the model's curve: ${e.message}`;
-    drawRankCollapse($("rank"), { ratios: answer.rank_collapse, current: answer.layer });
+// The four paths for a map `answer` from server `base` (its /info as `info`): {collapse, note}.
+// A text past the server's rank_collapse_max_length is followed over its first tokens (cut at a
+// token's character offset, a few tokens short of the limit); an export without the collapse
+// graph, or a refusal, leaves collapse null and the note says why.
+async function collapseFor(base, info, answer) {
+  const limit = info.rank_collapse_max_length || 0;
+  if (!limit) return { collapse: null, note: "This server's export has no collapse graph: the model's curve only." };
+  let text = state.text, note = "";
+  if (answer.n_tokens > limit) {
+    text = text.slice(0, answer.offsets[Math.max(1, limit - 4)][1]);
+    note = `The four paths over the text's first ${limit - 4} tokens (this server follows them for up to ${limit}).`;
   }
+  try {
+    return { collapse: await rankCollapse(base, text), note };
+  } catch (e) {
+    return { collapse: null, note: `The model's curve only: ${e.message}` };
+  }
+}
+
+// The main view's curves: the four paths where the server gives them, else the map answer's
+// model curve, with a note saying why.
+async function showCollapse(answer) {
+  const { collapse, note } = await collapseFor("", state.info, answer);
+  if (state.answer !== answer) return; // another map was asked for meanwhile
+  state.collapse = collapse;
+  $("rank-note").textContent = note;
+  drawRankCollapse($("rank"), collapse ? { collapse, current: answer.layer } : { ratios: answer.rank_collapse, current: answer.layer });
 }
 
 // The text with one span per token, placed by the answer's character offsets.
@@ -417,11 +428,9 @@ async function comparePeers() {
       title.textContent = `${info.variant} ${JSON.stringify(info.parameters)} (${base})`;
       const answer = await api(base, "/attention", request({ format: "grid", max_cells: 128 }));
       new MapView(canvas).draw(answer);
-      try {
-        drawRankCollapse(curves, { collapse: await rankCollapse(base, state.text), current: answer.layer });
-      } catch (e) {
-        drawRankCollapse(curves, { ratios: answer.rank_collapse, current: answer.layer });
-      }
+      const { collapse, note } = await collapseFor(base, info, answer);
+      drawRankCollapse(curves, collapse ? { collapse, current: answer.layer } : { ratios: answer.rank_collapse, current: answer.layer });
+      if (note) panel.appendChild(Object.assign(document.createElement("p"), { className: "muted", textContent: note }));
     } catch (e) {
       title.textContent = `${base}: ${e.message}`;
     }
