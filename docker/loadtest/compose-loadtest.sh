@@ -11,7 +11,7 @@ root=$(cd "$here/../.." && pwd)
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 compose+=(-f "$root/docker/compose.yaml")
 services=${SERVICES:-full longformer bigbird lsh linformer}
-declare -A port=([full]=${FULL_PORT:-8101} [longformer]=${LONGFORMER_PORT:-8102} [bigbird]=${BIGBIRD_PORT:-8103} [lsh]=${LSH_PORT:-8104} [linformer]=${LINFORMER_PORT:-8105} [longformer-int8]=${LONGFORMER_INT8_PORT:-8106})
+declare -A port=([full]=${FULL_PORT:-8101} [longformer]=${LONGFORMER_PORT:-8102} [bigbird]=${BIGBIRD_PORT:-8103} [lsh]=${LSH_PORT:-8104} [linformer]=${LINFORMER_PORT:-8105} [longformer-int8]=${LONGFORMER_INT8_PORT:-8106} [sinkhorn-x5-longformer]=${SINKHORN_PRESET_PORT:-8107})
 targets=()
 for s in $services; do targets+=(--target "$s=http://127.0.0.1:${port[$s]}"); done
 python=${PYTHON:-$root/.venv/bin/python}
