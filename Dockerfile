@@ -55,7 +55,7 @@ COPY pyproject.toml ./
 COPY models ./models
 COPY service ./service
 RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-deps .
-# The adapted weights the repository ships (README "Adapted weights"), for WEIGHTS below.
+# The adapted weights the repository ships (README "Using adapted weights"), for WEIGHTS below.
 COPY weights ./weights
 # The variant is chosen last so every variant shares the layers above. VARIANT is a variant
 # name or a schedule, a variant per layer (README "A variant per layer: schedules").
