@@ -151,8 +151,10 @@ class OnnxRunner:
     # ------------------------------------------------------------------ sessions
 
     def _graphs(self) -> list[str]:
-        """The graphs this export holds: embedding, and short, analysis and collapse where exported."""
-        return [name for name in ("embedding", "short", "analysis", "collapse") if getattr(self.export_manifest.graphs, name) is not None]
+        """The graphs this export holds: every graph the manifest format names (embedding, and
+        short, analysis and collapse where exported)."""
+        graphs = self.export_manifest.graphs
+        return [name for name in type(graphs).model_fields if getattr(graphs, name) is not None]
 
     def _open(self, graph: str):
         ort = self._ort
