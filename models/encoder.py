@@ -17,7 +17,7 @@ from torch import nn
 from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
 from attnserve.models.schedule import ScheduleConfig
 from attnserve.models.registry import build_attention
-from attnserve.service.contract.export_format import COLLAPSE_PATHS
+from attnserve.service.contract.export_format import COLLAPSE_PATHS, check_collapse_paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +225,7 @@ class LongContextEncoder(nn.Module):
         """{path: (B, 1 + num_layers) rank-collapse ratios}: of the embeddings' output (column
         0, the same on every path) and of each layer's output along the path
         (EncoderLayer.along_paths: the paths run as one batch, len(paths) times B rows)."""
-        unknown = [p for p in paths if p not in COLLAPSE_PATHS]
-        if unknown:
-            raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(COLLAPSE_PATHS)}")
+        check_collapse_paths(paths)
         key_valid = attention_mask.bool()
         start = self.embeddings(input_ids, attention_mask)
         x, valid = start.repeat(len(paths), 1, 1), key_valid.repeat(len(paths), 1)

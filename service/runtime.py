@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
-from attnserve.service.contract.export_format import ExportError, Manifest, check_files, pad_to, padded_width, read_manifest
+from attnserve.service.contract.export_format import ExportError, Manifest, check_collapse_paths, check_files, pad_to, padded_width, read_manifest
 
 log = logging.getLogger("attnserve")
 
@@ -302,9 +302,7 @@ class OnnxRunner:
         if not self.collapse_max_length:
             raise ValueError(f"this export has no collapse graph, so no rank collapse paths (exported with --no-analysis, "
                              f"or by an attnserve before them): {self.export_dir}")
-        unknown = [p for p in paths if p not in self.collapse_paths] if paths else [None]
-        if unknown:
-            raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(self.collapse_paths)}")
+        check_collapse_paths(paths, self.collapse_paths)
         ids, mask, _ = self._prepare(input_ids, attention_mask)
         ids, mask = ids[:1], mask[:1]
         n = int(mask[0].sum())

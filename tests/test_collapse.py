@@ -103,6 +103,8 @@ def test_the_collapse_graph_equals_pytorch_on_every_path(variant, max_length, pa
 def test_bad_path_names_the_valid_ones(full):
     with pytest.raises(ValueError, match="attention_only.*attention_skip"):
         full.rank_collapse("a text", paths=["attention"])
+    with pytest.raises(ValueError, match="no rank-collapse path asked for: choose from model"):
+        full.rank_collapse("a text", paths=[])
 
 
 def test_bench_collapse_writes_csv_and_figure(tmp_path):

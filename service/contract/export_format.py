@@ -45,6 +45,16 @@ MIN_LENGTH = 2
 # connections and MLPs removed: pure self-attention, which loses rank doubly exponentially with
 # depth); attention_skip (MLPs removed); attention_mlp (skips removed).
 COLLAPSE_PATHS = ("model", "attention_only", "attention_skip", "attention_mlp")
+
+
+def check_collapse_paths(paths, valid=COLLAPSE_PATHS) -> None:
+    """ValueError naming the first of `paths` that is not in `valid`, or saying none was asked
+    for: the one rule the PyTorch encoder and the served collapse graph both apply."""
+    if not paths:
+        raise ValueError(f"no rank-collapse path asked for: choose from {', '.join(valid)}")
+    unknown = [p for p in paths if p not in valid]
+    if unknown:
+        raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(valid)}")
 # Adapted weights (`attnserve adapt variant --out DIR`): DIR holds these two; an export made with them
 # carries DIR's adapt.json, and serving names its cache entry by the weights' sha256.
 WEIGHTS_FILE = "weights.safetensors"
