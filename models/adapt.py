@@ -165,7 +165,8 @@ class Distill:
         unknown = sorted(name for name in plan.also if not any(f".{name}." in n for n, _ in named_once(student)))
         if unknown:
             raise ValueError(f"--also {', '.join(unknown)}: no such module in the encoder's layers; "
-                             f"choose from attention_out, attention_norm, query, key, value, intermediate, output, output_norm")
+                             f"choose from attention_out, attention_norm, query, key, value, intermediate, output, output_norm, "
+                             f"each for every layer, or with a layer index (5.intermediate) for that layer's only")
         self.params = trainable(student, "distill")
         if not self.params:
             raise ValueError(f"{plan.variant} has no parameters of its own to distill (its pattern is fixed); "
@@ -546,7 +547,8 @@ def configure(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--also", default="", help="distill: comma-separated per-layer modules to train besides the variant's own "
-                        "parameters, e.g. attention_out (they then differ from the pretrained model's for every input)")
+                        "parameters, e.g. attention_out, in every layer, or 5.intermediate for one layer's (they then differ from the "
+                        "pretrained model's for every input)")
     parser.add_argument("--also-lr", type=float, default=1e-4, help="distill: Adam's rate for the --also modules (default 1e-4)")
     parser.add_argument("--loss", default="layer-local", choices=DISTILL_LOSSES,
                         help="distill: layer-local (each attention sub-layer on the teacher's input) or end-to-end "
