@@ -17,6 +17,8 @@ Systems:
   states: one vector per pooling mode, and late chunks (the same chunk boundaries as the naive
   chunks, each the mean of its tokens' hidden states) scored MaxP. A variant given
   `--weights VARIANT=DIR` runs with those adapted weights, its rows named "VARIANT+adapted".
+  With --precision, each variant's export at that precision ("VARIANT@int8") runs the same and
+  also embeds the naive chunks, each alone (what its /embed_chunks serves with context none).
 Queries go through the same encoder and pooling as the documents.
 
 Writes OUT/quality.csv (appended to with --append) and OUT/quality.png (quality against cost,
@@ -119,6 +121,19 @@ def chunk_bounds(encodings, rows, chunk_tokens: int, overlap_tokens: int = 0):
     return [token_chunks(e.offsets, len(r["text"]), chunk_tokens, overlap_tokens, bool(e.overflowing)) for e, r in zip(encodings, rows)]
 
 
+def naive_chunks(tokenizer, encodings, rows, chunk_tokens: int):
+    """Each chunk's token ids as a text of its own ([CLS] chunk [SEP]) and the index of its
+    document: what a 512-token server with a chunker embeds."""
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    chunks, owner = [], []
+    for index, bounds in enumerate(chunk_bounds(encodings, rows, chunk_tokens)):
+        ids = encodings[index].ids
+        for b in bounds:
+            chunks.append([cls] + [i for i in ids[b.first : b.stop] if i not in (cls, sep)] + [sep])
+            owner.append(index)
+    return chunks, np.array(owner)
+
+
 def baselines(rows, encodings, args) -> list[dict]:
     """What a 512-token server does with the same documents and chunk boundaries."""
     from attnserve.models import load_encoder
@@ -126,22 +141,15 @@ def baselines(rows, encodings, args) -> list[dict]:
     full = load_encoder("full", max_length=512)
     queries = full.embed([r["query"] for r in rows]).numpy()
     needles = full.embed([r["needle"] for r in rows]).numpy()
-    cls, sep = full.tokenizer.token_to_id("[CLS]"), full.tokenizer.token_to_id("[SEP]")
     results = []
     for keep in (256, 512):
         start = time.perf_counter()
         docs = full.embed_ids(first_tokens(encodings, keep)).numpy()
         results.append(_row(f"baseline: first {keep} tokens", scores(queries, needles, docs), time.perf_counter() - start, len(rows)))
-    chunks, owner = [], []
-    for index, bounds in enumerate(chunk_bounds(encodings, rows, args.chunk_tokens)):
-        ids = encodings[index].ids
-        for b in bounds:
-            chunks.append([cls] + [i for i in ids[b.first : b.stop] if i not in (cls, sep)] + [sep])
-            owner.append(index)
+    chunks, owner = naive_chunks(full.tokenizer, encodings, rows, args.chunk_tokens)
     start = time.perf_counter()
     vectors = np.concatenate([full.embed_ids(chunks[i : i + 256]).numpy() for i in tqdm(range(0, len(chunks), 256), desc="naive chunks", unit="x256")])
     seconds = time.perf_counter() - start
-    owner = np.array(owner)
     mean = np.stack([vectors[owner == i].mean(0) for i in range(len(rows))])
     mean /= np.linalg.norm(mean, axis=1, keepdims=True)
     results.append(_row("baseline: naive chunks mean", scores(queries, needles, mean), seconds, len(rows)))
@@ -203,6 +211,14 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
     needles = np.stack([mean(h) for h in needle_states])
     result = scores(queries, needles, np.concatenate(late), np.array(owner))
     results.append(_row(system, result, seconds, len(rows), variant, params, "mean", "late chunks MaxP", cosine))
+    if precision != DEFAULT_PRECISION:
+        # What this export serves on /embed_chunks by default (context none): each chunk alone,
+        # to set beside the float32 baseline of the same boundaries.
+        chunks, chunk_owner = naive_chunks(encoder.tokenizer, encodings, rows, args.chunk_tokens)
+        start = time.perf_counter()
+        vectors = encoder.embed_ids(chunks).numpy()
+        result = scores(queries, needles, vectors, chunk_owner)
+        results.append(_row(system, result, time.perf_counter() - start, len(rows), variant, params, "mean", "naive chunks MaxP", cosine))
     return results
 
 
@@ -355,13 +371,14 @@ def plot(csv_path: Path, path: Path) -> None:
         rows = list(csv.DictReader(f))
     if not rows:
         return
-    markers = {"one vector": "o", "late chunks MaxP": "^"}
+    markers = {"one vector": "o", "late chunks MaxP": "^", "naive chunks MaxP": "v"}
+    suffixes = {"late chunks MaxP": " late", "naive chunks MaxP": " naive"}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharex=True)
     for ax, task in zip(axes, ("summary", "needle")):
         for r in rows:
             x, y = float(r["seconds_per_doc"]), float(r[f"{task}_mrr"])
             baseline = r["system"].startswith("baseline")
-            label = r["system"].removeprefix("baseline: ") if baseline else f"{r['variant']} {r['pooling']}" + (" late" if r["representation"] != "one vector" else "")
+            label = r["system"].removeprefix("baseline: ") if baseline else f"{r['system']} {r['pooling']}" + suffixes.get(r["representation"], "")
             ax.scatter([max(x, 1e-3)], [y], marker="s" if baseline else markers.get(r["representation"], "o"),
                        color="black" if baseline else None, s=22)
             ax.annotate(label, (max(x, 1e-3), y), fontsize=6, xytext=(2, 2), textcoords="offset points")
