@@ -47,14 +47,6 @@ MIN_LENGTH = 2
 COLLAPSE_PATHS = ("model", "attention_only", "attention_skip", "attention_mlp")
 
 
-def check_collapse_paths(paths, valid=COLLAPSE_PATHS) -> None:
-    """ValueError naming the first of `paths` that is not in `valid`, or saying none was asked
-    for: the one rule the PyTorch encoder and the served collapse graph both apply."""
-    if not paths:
-        raise ValueError(f"no rank-collapse path asked for: choose from {', '.join(valid)}")
-    unknown = [p for p in paths if p not in valid]
-    if unknown:
-        raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(valid)}")
 # Adapted weights (`attnserve adapt variant --out DIR`): DIR holds these two; an export made with them
 # carries DIR's adapt.json, and serving names its cache entry by the weights' sha256.
 WEIGHTS_FILE = "weights.safetensors"
@@ -280,6 +272,19 @@ def export_name(recipe: dict) -> str:
     precision = recipe.get("precision", DEFAULT_PRECISION)
     spelled = "" if precision == DEFAULT_PRECISION else f"{precision}-"
     return f"{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{spelled}{recipe_sha256(recipe)[:12]}"
+
+
+# --------------------------------------------------------------------------- rank collapse
+
+
+def check_collapse_paths(paths, valid=COLLAPSE_PATHS) -> None:
+    """ValueError naming the first of `paths` that is not in `valid`, or saying none was asked
+    for: the one rule the PyTorch encoder and the served collapse graph both apply."""
+    if not paths:
+        raise ValueError(f"no rank-collapse path asked for: choose from {', '.join(valid)}")
+    unknown = [p for p in paths if p not in valid]
+    if unknown:
+        raise ValueError(f"unknown rank-collapse path {unknown[0]!r}: choose from {', '.join(valid)}")
 
 
 # --------------------------------------------------------------------------- inputs
