@@ -42,8 +42,9 @@ def _trim() -> None:
         pass
 
 
-def peak_extra_bytes(fn) -> int:
-    """Bytes above the current resident size at the peak of fn()."""
+def peak_extra_bytes(fn) -> tuple[int, bool]:
+    """Bytes above the current resident size at the peak of fn(), and whether that is exact
+    (fn set a new ru_maxrss record) rather than the sampler's reading, which can miss a peak."""
     _trim()
     before, record = _resident_bytes(), _record_bytes()
     peak, done = [before], threading.Event()
@@ -59,9 +60,10 @@ def peak_extra_bytes(fn) -> int:
     finally:
         done.set()
         sampler.join()
-    if _record_bytes() > record:  # a new record for the process: the exact peak
+    exact = _record_bytes() > record
+    if exact:
         peak[0] = max(peak[0], _record_bytes())
-    return max(peak[0] - before, 0)
+    return max(peak[0] - before, 0), exact
 
 
 def measure(variant: str, lengths: list[int], max_length: int = 16384) -> dict[int, int]:
@@ -79,10 +81,20 @@ def _run(variant, lengths, max_length):
     ids = torch.randint(1000, 30000, (1, max(lengths)), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         encoder(ids[:, :16], torch.ones(1, 16, dtype=torch.long))  # warm up allocator and kernels
-        # The highest of three forwards per length: on a busy machine the sampler can miss a
-        # short forward's peak, and one low reading would make the growth look steeper.
-        return {n: max(peak_extra_bytes(lambda: encoder(ids[:, :n], torch.ones(1, n, dtype=torch.long))) for _ in range(3))
-                for n in lengths}
+        return {n: _highest(lambda: encoder(ids[:, :n], torch.ones(1, n, dtype=torch.long))) for n in lengths}
+
+
+def _highest(fn, tries: int = 3) -> int:
+    """fn's peak: exact at once when it sets a new record for the process (a long forward),
+    else the highest sampled reading of `tries` runs (on a busy machine the sampler can miss a
+    short forward's peak, and one low reading would make the growth look steeper)."""
+    readings = []
+    for _ in range(tries):
+        extra, exact = peak_extra_bytes(fn)
+        readings.append(extra)
+        if exact:
+            break
+    return max(readings)
 
 
 if __name__ == "__main__":
