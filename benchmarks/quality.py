@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attnserve.models.context_cache import naive_chunk_ids
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.service.contract.export_format import DEFAULT_PRECISION, parse_param
@@ -127,10 +128,8 @@ def naive_chunks(tokenizer, encodings, rows, chunk_tokens: int):
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     chunks, owner = [], []
     for index, bounds in enumerate(chunk_bounds(encodings, rows, chunk_tokens)):
-        ids = encodings[index].ids
-        for b in bounds:
-            chunks.append([cls] + [i for i in ids[b.first : b.stop] if i not in (cls, sep)] + [sep])
-            owner.append(index)
+        chunks += naive_chunk_ids(encodings[index].ids, bounds, cls, sep)
+        owner += [index] * len(bounds)
     return chunks, np.array(owner)
 
 
