@@ -384,7 +384,7 @@ def adapt(plan: Plan, log=print) -> dict:
 
     from attnserve.models.api import load_encoder
     from attnserve.models.registry import make_config
-    from attnserve.models.weights import save_weights
+    from attnserve.models.weights import load_weights, save_weights
     from attnserve.models.documents import read_jsonl
 
     if plan.stage not in STAGES:
@@ -399,7 +399,9 @@ def adapt(plan: Plan, log=print) -> dict:
 
     rows = read_jsonl(plan.data)
     train_rows, held_rows = split(rows, plan.holdout, plan.seed)
-    student = load_encoder(plan.variant, plan.max_length, weights=plan.weights, **plan.params)
+    student = load_encoder(plan.variant, plan.max_length, **plan.params)
+    if plan.weights:  # a start: it may have been trained under other parameter values (a new stride)
+        load_weights(student, plan.weights, any_parameters=True)
     stage = STAGE_CLASSES[plan.stage](plan, student, train_rows, held_rows)
     params = stage.params
     for p in student.parameters():

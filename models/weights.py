@@ -18,6 +18,11 @@ runs another: weights adapted for linformer serve the linformer layers of
 `linformer*5,longformer`. Weights adapted in a schedule serve that schedule only. Weights no
 layer of the encoder can take are refused.
 
+Weights run with the parameters they were trained with: an encoder of their own variant or
+schedule whose parameters differ from adapt.json's (compressed.stride 3 for weights trained at
+stride 2) is refused with the `--param` flags that fix it, since the tensors would load and
+silently mean something else. `attnserve adapt` alone may start from them under other values.
+
 load_weights checks everything it can before copying anything in, so a mismatch leaves the
 encoder as it was and says which file and tensor to change.
 """
@@ -34,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 # The file names, the error and the existence check are the export format's (torch-free:
 # serving names exports by the weights' sha256).
-from attnserve.service.contract.export_format import META_FILE, WEIGHTS_FILE, WeightsError, sha256, weights_file
+from attnserve.service.contract.export_format import META_FILE, WEIGHTS_FILE, WeightsError, param_arg, sha256, weights_file
 
 __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
            "weights_file"]
@@ -136,14 +141,33 @@ def check_weights_dir(weights_dir, variant: str) -> dict | None:
     return meta
 
 
-def load_weights(encoder: torch.nn.Module, weights_dir) -> dict:
+def parameter_mismatch(meta: dict | None, config) -> dict:
+    """{key: (trained, encoder's)} for the parameters adapt.json says the weights were trained
+    with that `config` (an AttentionConfig or ScheduleConfig) sets otherwise; only for weights
+    trained for config's own variant or schedule (a pure variant's weights in a schedule's
+    layers name their parameters another way). Compared as JSON, as adapt.json holds them."""
+    if not meta or meta.get("variant") != config.variant or not isinstance(meta.get("parameters"), dict):
+        return {}
+    ours = json.loads(json.dumps(config.as_params(), default=str))
+    return {key: (value, ours.get(key)) for key, value in meta["parameters"].items() if ours.get(key) != value}
+
+
+def load_weights(encoder: torch.nn.Module, weights_dir, any_parameters: bool = False) -> dict:
     """Copy DIR/weights.safetensors into `encoder` and return (and set as encoder.weights)
     {"dir", "sha256", "tensors", "adapt"}. Raises WeightsError for a missing directory or
-    file, weights trained for another variant, and tensors the encoder lacks or shapes it
-    does not have; nothing is copied in then."""
+    file, weights trained for another variant or with other values of its parameters (unless
+    any_parameters: `attnserve adapt` may start from them), and tensors the encoder lacks or
+    shapes it does not have; nothing is copied in then."""
     weights_dir = Path(weights_dir)
     variant = encoder.attention_config.variant
     meta = check_weights_dir(weights_dir, variant)
+    mismatch = {} if any_parameters else parameter_mismatch(meta, encoder.attention_config)
+    if mismatch:
+        flags = " ".join(f"--param {param_arg(key, trained)}" for key, (trained, _) in mismatch.items())
+        said = ", ".join(f"{param_arg(key, trained)} (this encoder: {param_arg(key, ours)})" for key, (trained, ours) in mismatch.items())
+        raise WeightsError(f"weights in {weights_dir} were trained for {variant} with {said} "
+                           f"({weights_dir / META_FILE}); pass {flags} (load_encoder: the same keyword arguments) "
+                           f"to run them as trained")
     path = weights_dir / WEIGHTS_FILE
     try:
         tensors = load_file(str(path))

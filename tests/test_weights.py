@@ -239,6 +239,18 @@ def test_missing_or_mismatched_weights_raise_naming_the_file(adapted, tmp_path):
     assert str(wrong / WEIGHTS_FILE) in message and "max_length" in message and "4096" in message
     assert str(tuple(saved.state_dict()[name].shape)) in message
 
+    # Trained at compressed's default stride 3, loaded at stride 2: every tensor fits, and would
+    # silently mean something else, so the flag that runs them as trained is named.
+    strided = load_encoder(VARIANT, MAX_LENGTH, stride=2)
+    strided_before = {k: v.clone() for k, v in strided.state_dict().items()}
+    with pytest.raises(WeightsError, match=r"trained for compressed with stride=3 \(this encoder: stride=2\)") as raised:
+        load_weights(strided, weights_dir)
+    assert "--param stride=3" in str(raised.value) and str(weights_dir / META_FILE) in str(raised.value)
+    assert all(torch.equal(strided_before[k], v) for k, v in strided.state_dict().items()) and strided.weights is None
+    # `attnserve adapt` may start from them at another stride.
+    load_weights(strided, weights_dir, any_parameters=True)
+    assert all(torch.equal(strided.state_dict()[k], saved.state_dict()[k]) for k in saved.state_dict())
+
     # A refused directory leaves the encoder as it was.
     assert all(torch.equal(before[k], v) for k, v in encoder.state_dict().items()) and encoder.weights is None
 
