@@ -244,21 +244,32 @@ def _row(system, result, seconds, documents, variant="", params=None, pooling="m
 # --------------------------------------------------------------------------- command
 
 
-def quality_command(args) -> int:
-    from attnserve.models import load_encoder
-    from attnserve.models.registry import make_config, precision_refused
-
-    rows = load_documents(args.data, args.limit)
+def variant_params(items) -> dict[str, dict]:
+    """`--param VARIANT.KEY=VALUE` flags (repeatable) as {VARIANT: {KEY: VALUE}}: the part
+    before the first dot names a variant or schedule as written (`compressed*5,longformer.
+    compressed.stride=2` sets the schedule's compressed.stride). ValueError for a malformed one."""
     params: dict[str, dict] = {}
-    for item in args.param:
+    for item in items:
         try:
             key, value = parse_param(item)
         except ValueError:
             key, value = "", None
         variant, _, name = key.partition(".")
         if not name:
-            raise SystemExit(f"--param wants VARIANT.KEY=VALUE (got {item!r})")
+            raise ValueError(f"--param wants VARIANT.KEY=VALUE (got {item!r})")
         params.setdefault(variant, {})[name] = value
+    return params
+
+
+def quality_command(args) -> int:
+    from attnserve.models import load_encoder
+    from attnserve.models.registry import make_config, precision_refused
+
+    rows = load_documents(args.data, args.limit)
+    try:
+        params = variant_params(args.param)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     variants = [v for v in args.variants.split(",") if v] + list(args.schedule)
     weights_dirs = parse_weights(args.weights, variants)
     from benchmarks.precision import parse_precisions

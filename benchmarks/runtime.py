@@ -44,6 +44,9 @@ def configure_bench_runtime(parser) -> None:
     parser.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
     parser.add_argument("--schedule", action="append", default=[], metavar="SCHEDULE",
                         help="also time this schedule, a variant per layer (e.g. linformer*5,longformer; repeatable)")
+    parser.add_argument("--param", action="append", default=[], metavar="VARIANT.KEY=VALUE",
+                        help="set a parameter of one timed variant or schedule, named as written "
+                             "(compressed.stride=2, or compressed*5,longformer.compressed.stride=2; repeatable)")
     parser.add_argument("--lengths", default=None,
                         help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_LENGTHS))}; "
                              f"{','.join(map(str, SHORT_LENGTHS))} with --short-inputs)")
@@ -75,12 +78,13 @@ def _inputs(batch: int, length: int):
     return ids, torch.ones_like(ids)
 
 
-def _export(variant: str, max_length: int, root: Path, optimize: bool, log) -> Path:
-    """The export of `variant` under root, reused when root already holds one of the same recipe
-    (--exports-dir keeps them between runs; `attnserve serve --models-dir` finds them too)."""
+def _export(variant: str, max_length: int, root: Path, optimize: bool, log, params: dict | None = None) -> Path:
+    """The export of `variant` (with `params`) under root, reused when root already holds one of
+    the same recipe (--exports-dir keeps them between runs; `attnserve serve --models-dir` finds
+    them too)."""
     from attnserve.models.export import cached_export
 
-    return cached_export(root, variant, {}, max_length, analysis=False, optimize=optimize, log=log)
+    return cached_export(root, variant, params or {}, max_length, analysis=False, optimize=optimize, log=log)
 
 
 def _available_bytes() -> int:
@@ -106,7 +110,9 @@ def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) 
 
 
 def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=False,
-                  log=print) -> list[dict]:
+                  log=print, params: dict[str, dict] | None = None) -> list[dict]:
+    """Eager PyTorch and ONNX Runtime times of each variant at each length; params: {variant:
+    its parameters} for those not run at their defaults."""
     from attnserve.models import load_encoder
     from attnserve.models.export import length_multiple
     from attnserve.models.registry import make_config
@@ -122,14 +128,15 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
     rows = []
     for variant in variants:
         started = time.perf_counter()
+        own = (params or {}).get(variant, {})
         try:
-            export_dir = _export(variant, max_length, root, optimize, log)
+            export_dir = _export(variant, max_length, root, optimize, log, own)
         except Exception as exc:  # one variant failing must not hide the others' numbers
             log(f"{variant}: export failed: {exc}")
             rows.append({"variant": variant, "error": str(exc)[:300]})
             continue
-        multiple = length_multiple(variant, make_config(variant, max_length))
-        encoder = load_encoder(variant, -(-max_length // multiple) * multiple)
+        multiple = length_multiple(variant, make_config(variant, max_length, **own))
+        encoder = load_encoder(variant, -(-max_length // multiple) * multiple, **own)
         runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
         warm_ids, warm_mask = _inputs(batch, min(lengths))
         with torch.no_grad():
@@ -153,7 +160,7 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             with torch.no_grad():
                 diff = float(np.abs(runner.embed(n_ids, n_mask) - encoder(ids, mask)[0].numpy()).max()) if length <= 4096 else None
             flops = count_flops(lambda: encoder(ids, mask))
-            row = {"variant": variant, "length": length, "batch": batch, "eager_ms": eager * 1e3, "ort_ms": ort_s * 1e3,
+            row = {"variant": variant, "params": own, "length": length, "batch": batch, "eager_ms": eager * 1e3, "ort_ms": ort_s * 1e3,
                    "speedup": eager / ort_s, "provider": runner.provider, "threads": threads, "max_abs_diff": diff,
                    "gflop": flops / 1e9, "eager_gflops": flops / eager / 1e9, "ort_gflops": flops / ort_s / 1e9,
                    "matmul_gflops": peak / 1e9, "ceiling": peak * eager / flops}
@@ -374,7 +381,13 @@ def bench_runtime_command(args) -> int:
         print(f"attnserve bench runtime: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}", file=sys.stderr)
         return 2
     from attnserve.models.registry import make_config
+    from benchmarks.quality import variant_params
 
+    try:
+        params = variant_params(args.param)
+    except ValueError as exc:
+        print(f"attnserve bench runtime: {exc}", file=sys.stderr)
+        return 2
     for schedule in args.schedule:
         try:
             make_config(schedule, 512)
@@ -382,6 +395,18 @@ def bench_runtime_command(args) -> int:
             print(f"attnserve bench runtime: --schedule {schedule}: {exc}", file=sys.stderr)
             return 2
     names += [s for s in args.schedule if s not in names]
+    unused = [name for name in params if name not in names]
+    if unused or (params and (args.precision is not None or args.short_inputs)):
+        why = (f"names {', '.join(unused)}, not one of the timed {', '.join(names)}" if unused
+               else "is taken by the default timing only, not with --precision or --short-inputs")
+        print(f"attnserve bench runtime: --param {why}", file=sys.stderr)
+        return 2
+    for name, own in params.items():
+        try:
+            make_config(name, 512, **own)
+        except ValueError as exc:
+            print(f"attnserve bench runtime: --param for {name}: {exc}", file=sys.stderr)
+            return 2
     default_lengths = SHORT_LENGTHS if args.short_inputs else DEFAULT_LENGTHS
     try:
         lengths = sorted({int(x) for x in (args.lengths or ",".join(map(str, default_lengths))).split(",") if x.strip()})
@@ -404,7 +429,7 @@ def bench_runtime_command(args) -> int:
             Path(args.json).write_text(json.dumps({"short_inputs": rows}, indent=2) + "\n")
         return 0
     rows = bench_runtime(names, lengths, args.batch, args.repeats or 3, args.long_repeats, args.threads, args.exports_dir,
-                         args.optimize, log=lambda m: print(m, flush=True))
+                         args.optimize, log=lambda m: print(m, flush=True), params=params)
     print()
     print(f"ONNX Runtime vs PyTorch eager, batch {args.batch}, {rows[0].get('threads', '?') if rows else '?'} threads "
           f"(speedup = eager time / ORT time; > 1 means ORT is faster)")

@@ -70,6 +70,25 @@ def test_bench_runtime_prints_ratios_and_ceilings(tmp_path):
         assert row["max_abs_diff"] <= 1e-4 and row["gflop"] > 0 and row["ceiling"] > 0 and row["speedup"] > 0
 
 
+def test_bench_runtime_times_a_variant_with_the_parameters_it_is_given(tmp_path):
+    """--param VARIANT.KEY=VALUE: the timed export and encoder are built with it (checked
+    against each other); one that names no timed variant, or is malformed, is an exit 2."""
+    import json
+
+    def bench(*extra, **kw):
+        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--variants", "strided",
+                               "--lengths", "130", "--threads", "2", "--repeats", "1", "--exports-dir", str(EXPORTS_ROOT), *extra],
+                              capture_output=True, text=True, timeout=600, **kw)
+
+    bench("--param", "strided.stride=2", "--json", str(tmp_path / "rows.json"), check=True)
+    [row] = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert row["params"] == {"stride": 2} and row["max_abs_diff"] <= 1e-4
+    for flag, said in (("linformer.k=8", "names linformer, not one of the timed strided"), ("stride=2", "wants VARIANT.KEY=VALUE"),
+                       ("strided.stride=0", "--param for strided: ")):
+        out = bench("--param", flag)
+        assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, (flag, out.stderr)
+
+
 def test_bench_encoder_writes_every_table(tmp_path):
     """A smoke run of `attnserve bench encoder` at small sizes (no timing is asserted): every
     variant asked for gets a row in each table and in the CSV, full included."""
