@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             on_queue_change=metrics.queue_depth.set,
             on_batch=metrics.inputs_run.inc,
             max_queued_tokens=settings.max_queued_tokens,
+            by_length=settings.batch_order == "length",
             pooling=LearnedPooling(context_heads) if settings.pooling == "learned"
             else Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
         )

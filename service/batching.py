@@ -10,8 +10,10 @@ refused at once (`Overloaded`, answered 429) instead of queueing without bound.
 Inputs wait in one queue per request, and batches are packed round-robin over requests (the
 request that has had the fewest inputs run goes first), so a request of 64 long documents
 runs one batch at a time beside the others and a short query behind it waits for at most the
-batch in progress, not for all 64. An input whose request was cancelled (its client went away,
-its deadline passed) is dropped before it runs.
+batch in progress, not for all 64. The rest of a batch is the waiting inputs nearest in length
+to the first (service/packing.py), so a burst of mixed lengths runs in batches of like lengths
+instead of padding every text to the longest of its neighbours in the queue. An input whose
+request was cancelled (its client went away, its deadline passed) is dropped before it runs.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import numpy as np
 from attnserve.service.backend import Backend, Runner
 from attnserve.service.errors import ServiceError
 from attnserve.service.contract.pooling import Pooling
+from attnserve.service.packing import fill_batch
 
 # How many waiting inputs the packer considers for one batch.
 LOOKAHEAD = 256
@@ -103,12 +106,13 @@ class TokenBudgetBatcher:
     """Batches for `runner`, run through a Backend of it and `pooling` (default: mean)."""
 
     def __init__(self, runner: Runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
-                 on_batch=None, max_queued_tokens: int = 0, pooling: Pooling | None = None):
+                 on_batch=None, max_queued_tokens: int = 0, pooling: Pooling | None = None, by_length: bool = True):
         self.backend = Backend(runner, pooling)
         self.runner = runner
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_concurrent_requests = max_concurrent_requests
+        self.by_length = by_length  # batch mates nearest in length to the first input, else in round-robin order
         # Padded tokens the queue may hold (0: no bound), so that the work accepted can finish
         # within a graceful shutdown and a burst cannot queue without end.
         self.max_queued_tokens = max_queued_tokens
@@ -287,20 +291,17 @@ class TokenBudgetBatcher:
         return out[:LOOKAHEAD]
 
     def _next_batch(self) -> list[_Job]:
-        """The first input in round-robin order plus the next ones of the same kind while the
-        padded token budget and the batch size allow; attention maps and collapse paths run alone."""
+        """The first input in round-robin order plus, while the padded token budget and the
+        batch size allow, inputs of the same kind nearest to it in length (packing.fill_batch;
+        in round-robin order with batch_order "arrival"); attention maps and collapse paths run alone."""
         candidates = self._candidates()
         first = candidates[0]
-        batch, width = [first], len(first.ids)
+        batch = [first]
         if first.alone is None:
-            for job in candidates[1:]:
-                if len(batch) >= self.max_batch_requests:
-                    break
-                new_width = max(width, len(job.ids))
-                same_kind = job.alone is None and job.kind == first.kind
-                if same_kind and (len(batch) + 1) * self.padded(new_width) <= self.max_batch_tokens:
-                    batch.append(job)
-                    width = new_width
+            mates = [job for job in candidates[1:] if job.alone is None and job.kind == first.kind]
+            chosen = fill_batch(len(first.ids), [len(job.ids) for job in mates], self.padded, self.max_batch_tokens,
+                                self.max_batch_requests, by_length=self.by_length)
+            batch += [mates[i] for i in chosen]
         for job in batch:
             self._queues[job.owner].remove(job)
             self._served[job.owner] += 1

@@ -42,6 +42,7 @@ COMMANDS: list[Command] = [
     # the HTTP service (service/)
     Command(("serve",), "serve a variant over HTTP (exports it first if needed)", "attnserve.service.settings:add_settings_arguments", "attnserve.service.serve:serve_command"),
     Command(("bench", "service"), "HTTP vs raw ONNX Runtime latency, and batching throughput", "attnserve.service.bench:service.configure_bench_service", "attnserve.service.bench:service.bench_service"),
+    Command(("bench", "peers"), "attnserve (HTTP and in process) against sentence-transformers and fastembed, same model and texts", "attnserve.service.bench:peers.configure", "attnserve.service.bench:peers.bench_peers"),
     Command(("bench", "load"), "bounded loopback load test with concurrent clients", "attnserve.service.bench:service.configure_bench_load", "attnserve.service.bench:service.bench_load"),
 ]
 

@@ -360,7 +360,7 @@ class AttentionRequest(_Strict):
     format: Literal["sparse", "grid", "png"] = "sparse"
     max_cells: Int = Field(64, ge=1, le=2048, description="grid and png: at most this many cells per side")
     top_k: PositiveInt | None = Field(None, description="sparse: keep the k largest weights of each query (within key_range)")
-    truncate: bool = False
+    truncate: bool = Field(False, description="cut a text longer than the maps' limit (/info attention_max_length) to it instead of answering 413")
     query_range: TokenRange | None = Field(None, description="only the queries start .. stop - 1 (token indices, [CLS] is 0; stop at most n_tokens); null: all")
     key_range: TokenRange | None = Field(None, description="only the keys start .. stop - 1; null: all")
 
@@ -409,7 +409,7 @@ class RankCollapseRequest(_Strict):
         list(COLLAPSE_PATHS), min_length=1, max_length=len(COLLAPSE_PATHS), json_schema_extra={"uniqueItems": True},
         description="model: the model itself; attention_only: skip connections and MLPs removed (pure self-attention); "
         "attention_skip: MLPs removed; attention_mlp: skip connections removed. Each is one pass through the same weights")
-    truncate: bool = False
+    truncate: bool = Field(False, description="cut a text longer than this route's limit (/info rank_collapse_max_length) to it instead of answering 413")
 
     @model_validator(mode="after")
     def _check_paths(self):
@@ -433,6 +433,7 @@ class RankCollapseResponse(BaseModel):
 class BatchingLimits(BaseModel):
     max_batch_tokens: int
     max_batch_requests: int
+    batch_order: Literal["length", "arrival"]
     max_concurrent_requests: int
     max_client_batch_size: int
     max_body_bytes: int

@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from attnserve.service.contract.export_format import DEFAULT_PRECISION, PRECISIONS, parse_params
-from attnserve.service.contract.pooling import Pooling
+from attnserve.service.contract.pooling import DEFAULT_POOLING, Pooling
 
 VERSION = "0.1.0"
 
@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     precision: Literal[PRECISIONS] = Field(DEFAULT_PRECISION, description="of the export's weight matrix products: float32 (as trained), int8 (dynamic quantization: for CPUs) or float16 (for GPUs); exported so on first start (`attnserve variants` lists the variants that cannot take one)")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "opening", "learned"] = Field("opening", description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean), or learned (the context heads' pooling head; texts of at most one chunk get the mean)")
+    pooling: Literal["mean", "cls", "opening", "learned"] = Field(DEFAULT_POOLING, description="token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean), or learned (the context heads' pooling head; texts of at most one chunk get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     # Batching and limits.
     max_batch_tokens: int = Field(0, ge=0, description="tokens per inference batch, batch size x longest input padded to the export's length multiple (0: 2048 on CPU, 16384 on a GPU)")
     max_batch_requests: int = Field(32, ge=1, description="inputs per inference batch")
+    batch_order: Literal["length", "arrival"] = Field("length", description="how a batch is filled after its first input (the round-robin's pick): length (the waiting inputs nearest to it in length, so little of the batch is padding) or arrival (in round-robin order, whatever their lengths)")
     max_concurrent_requests: int = Field(256, ge=1, description="requests accepted at once; more get 429")
     max_queued_tokens: int = Field(262144, ge=0, description="padded tokens the queue may hold (all waiting requests together); more get 429, a request over it alone 413 (0: no bound)")
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")

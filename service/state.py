@@ -109,13 +109,14 @@ class ServiceState:
                                f"ATTNSERVE_MAX_TOKEN_VECTORS); {remedy}", "too_long", param)
 
     async def tokenize(self, texts: list[str], truncate: bool, timings: Timings, param: str, add_special_tokens: bool = True,
-                       keep_end: bool = False, remedy: str | None = None, names=None) -> list[Tokenized]:
+                       keep_end: bool = False, remedy: str | None = None, names=None, max_length: int | None = None) -> list[Tokenized]:
         """Tokenize in the tokenization thread pool, recording each input's length in timings;
-        413 for a too-long input, its message ending in `remedy` (default: send truncate=true)
-        and calling input i names(i) if `names` is given."""
+        413 for an input over max_length (a route's own limit; default the server's), its
+        message ending in `remedy` (default: send truncate=true) and calling input i names(i)
+        if `names` is given."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        encode = functools.partial(self.tokenizer.encode, texts, truncate, add_special_tokens, keep_end)
+        encode = functools.partial(self.tokenizer.encode, texts, truncate, add_special_tokens, keep_end, max_length)
         try:
             tokenized = await loop.run_in_executor(self.tokenization_pool, encode)
             timings.input_tokens = [len(t) for t in tokenized]
@@ -176,7 +177,7 @@ async def check_attention_budget(service: ServiceState, n: int, head: int | None
                            "validation", "inputs")
     if n > limit:
         raise ServiceError(413, f"attention maps of {service.variant} are limited to {limit} tokens (every layer's weights are "
-                           f"computed at once); this text is {n}: send a shorter text, or truncate=true with max_length {limit}",
+                           f"computed at once); this text is {n}: send a shorter text, or truncate=true to cut it to {limit}",
                            "too_long", "inputs")
     cost = await asyncio.to_thread(service.runner.attention_cost, n, head)
     answer_entries = 0
@@ -210,7 +211,8 @@ def check_collapse_length(service: ServiceState, n: int) -> None:
     if n > limit:
         raise ServiceError(413, f"rank collapse paths of {service.variant} are limited to {limit} tokens (the four paths run "
                            f"as one batch of {limit} tokens each, within the memory of one max_length input, and no longer "
-                           f"than an attention map); this text is {n}: send a shorter text", "too_long", "inputs")
+                           f"than an attention map); this text is {n}: send a shorter text, or truncate=true to cut it to {limit}",
+                           "too_long", "inputs")
 
 
 async def run_collapse(service: ServiceState, ids: list[int], paths: list[str], timings: Timings) -> dict[str, list[float]]:

@@ -102,10 +102,13 @@ class TextTokenizer:
         # Texts longer than this many characters are tokenized a prefix at a time (0: never).
         self.prefix_chars = max_length * _PREFIX_CHARS_PER_TOKEN if _prefix_is_exact(self._tokenizer) else 0
 
-    def encode(self, texts: list[str], truncate: bool, add_special_tokens: bool = True, keep_end: bool = False) -> list[Tokenized]:
-        """Tokenize `texts`; raises InputTooLong for the first text over max_length unless
-        `truncate`, which keeps its first tokens, or its last with `keep_end` (TEI's
-        truncation_direction=left; [CLS] and [SEP] stay either way)."""
+    def encode(self, texts: list[str], truncate: bool, add_special_tokens: bool = True, keep_end: bool = False,
+               max_length: int | None = None) -> list[Tokenized]:
+        """Tokenize `texts`; raises InputTooLong for the first text over max_length (this
+        call's, at most the tokenizer's: a route's own limit) unless `truncate`, which keeps its
+        first tokens, or its last with `keep_end` (TEI's truncation_direction=left; [CLS] and
+        [SEP] stay either way)."""
+        limit = min(max_length or self.max_length, self.max_length)
         texts = list(texts)
         encodings: list = [None] * len(texts)
         whole = []
@@ -123,11 +126,11 @@ class TextTokenizer:
             ids, tokens, offsets = enc.ids, enc.tokens, enc.offsets
             special = [bool(s) for s in enc.special_tokens_mask]
             n = len(ids)
-            if n > self.max_length:
+            if n > limit:
                 if not truncate:
-                    raise InputTooLong(index, n, self.max_length, at_least=not complete)
+                    raise InputTooLong(index, n, limit, at_least=not complete)
                 ends = 1 if add_special_tokens else 0  # [CLS] and [SEP], kept in place
-                body = self.max_length - 2 * ends
+                body = limit - 2 * ends
                 kept = slice(n - ends - body, n - ends) if keep_end else slice(ends, ends + body)
                 pick = lambda xs: xs[:ends] + xs[kept] + xs[n - ends:n]  # noqa: E731
                 ids, tokens, offsets, special = pick(ids), pick(tokens), pick(offsets), pick(special)

@@ -1,5 +1,6 @@
-"""Serving without torch: a process in which `import torch` fails loads an export, tokenizes
-with the export's tokenizer.json and embeds text, matching PyTorch."""
+"""Serving without torch: a process in which `import torch` fails loads an export into the
+in-process Embedder, tokenizes with the export's tokenizer.json and embeds texts of mixed
+lengths (batched by length, answered in input order), matching PyTorch."""
 from __future__ import annotations
 
 import json
@@ -32,28 +33,21 @@ try:
 except ImportError:
     pass
 
-import numpy as np
-from attnserve.service.runtime import OnnxRunner
-from attnserve.service.tokenizer import TextTokenizer
+from attnserve.service.contract.pooling import Pooling
+from attnserve.service.embedder import Embedder
 
 export_dir, texts = sys.argv[1], json.loads(sys.argv[2])
-runner = OnnxRunner(export_dir, intra_op_threads=1)
-tokenizer = TextTokenizer(f"{export_dir}/tokenizer.json", runner.max_length)
-encoded = [t.ids for t in tokenizer.encode(texts, truncate=True)]
-width = max(map(len, encoded))
-ids = np.zeros((len(texts), width), np.int64)
-mask = np.zeros_like(ids)
-for i, row in enumerate(encoded):
-    ids[i, : len(row)], mask[i, : len(row)] = row, 1
-vectors = runner.embed(ids, mask)
+embedder = Embedder(export_dir, pooling=Pooling("mean"), threads=1)
+vectors = embedder.embed(texts, truncate=True)
 assert not any(m.split(".")[0] == "torch" or m.startswith("attnserve.models") for m in sys.modules), "torch got imported"
-print(json.dumps({"provider": runner.provider, "embeddings": vectors.tolist()}))
+print(json.dumps({"provider": embedder.runner.provider, "embeddings": vectors.tolist()}))
 """
 
 
 def test_embed_without_torch_matches_pytorch():
     export_dir, encoder = get_export(SHARED_VARIANT, SHARED_MAX_LENGTH, analysis=True)
-    texts = ["A process without PyTorch still embeds text.", "Long documents: " + "tokens and more tokens " * 150]
+    texts = ["A process without PyTorch still embeds text.", "Long documents: " + "tokens and more tokens " * 150,
+             "A third, short one.", "Mid-length: " + "words " * 60]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", CHILD, str(export_dir), json.dumps(texts)], capture_output=True, text=True,
                             cwd=ROOT, env=env, timeout=300)
@@ -61,5 +55,5 @@ def test_embed_without_torch_matches_pytorch():
     out = json.loads(result.stdout.strip().splitlines()[-1])
     got = np.array(out["embeddings"], dtype=np.float32)
     expected = encoder.embed(texts).numpy()
-    assert got.shape == (2, 384)
+    assert got.shape == (4, 384)
     assert np.abs(got - expected).max() <= 1e-4

@@ -73,6 +73,49 @@ def test_the_budget_counts_the_padding_the_graph_runs():
     assert sum(sizes) == 12 and max(sizes) == 4  # 4 x 256 padded tokens, not 1024 / 12 = 85 inputs
 
 
+MIXED = [4, 120, 6, 118, 9, 115, 5, 122, 8, 119, 7, 117, 3, 121, 10, 116]
+
+
+def _burst(by_length: bool):
+    async def main():
+        runner = FakeRunner()
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=512, max_batch_requests=8, max_concurrent_requests=10,
+                                     by_length=by_length)
+        await batcher.start()
+        inputs = [[101] + [7 + n] * n + [102] for n in MIXED]
+        out = await batcher.embed(inputs, Timings())
+        await batcher.stop()
+        return runner, inputs, out
+    return run(main())
+
+
+def test_a_mixed_length_burst_is_batched_by_length():
+    runner, inputs, out = _burst(by_length=True)
+    arrival, _, arrival_out = _burst(by_length=False)
+    # Short texts share batches with short ones and long with long: padding is nearly gone.
+    assert sorted(size for size, _ in runner.batches) == [4, 4, 8]
+    assert sorted(width for _, width in runner.batches)[0] == 12  # the eight short ones together
+    padded = lambda batches: sum(size * width for size, width in batches)  # noqa: E731
+    real = sum(len(x) for x in inputs)
+    assert padded(runner.batches) - real < (padded(arrival.batches) - real) / 10
+    # Same vectors, in input order, either way.
+    np.testing.assert_allclose(out, arrival_out, atol=1e-6)
+    alone = FakeRunner()
+    np.testing.assert_allclose(out, np.concatenate([alone.embed(*pad([x])) for x in inputs]), atol=1e-6)
+
+
+def test_length_batches_cover_every_input_once_within_the_budget():
+    from attnserve.service.packing import length_batches
+
+    lengths = [30, 200, 5, 256, 17, 90, 91, 3, 250, 64, 2, 128]
+    batches = length_batches(lengths, lambda n: -(-n // 16) * 16, max_tokens=512, max_inputs=4)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        widths = [lengths[i] for i in batch]
+        assert len(batch) <= 4 and (len(batch) == 1 or len(batch) * -(-max(widths) // 16) * 16 <= 512)
+    assert [lengths[b[0]] for b in batches] == sorted((lengths[b[0]] for b in batches), reverse=True)  # longest first
+
+
 def test_default_budget_depends_on_the_provider():
     assert default_batch_tokens("CPUExecutionProvider") < default_batch_tokens("CUDAExecutionProvider")
 

@@ -64,8 +64,34 @@ def test_past_the_collapse_limit_is_413_naming_it():
     runner.collapse_max_length = 20
     with fake_client(runner=runner) as c:
         r = c.post("/rank_collapse", json={"inputs": " ".join(["word"] * 30)})
-        assert r.status_code == 413 and "limited to 20 tokens" in r.json()["error"]
+        assert r.status_code == 413 and "limited to 20 tokens" in r.json()["error"] and "truncate=true" in r.json()["error"]
         assert c.post("/rank_collapse", json={"inputs": TEXT}).status_code == 200
+
+
+@pytest.mark.parametrize("words", [30, 80])  # past the route's limit only, and past max_length too
+def test_truncate_cuts_to_the_collapse_limit(words):
+    """truncate=true cuts to rank_collapse_max_length, the route's own limit (TEI's truncate
+    cuts to what the route takes), keeping [CLS] and [SEP]: the same ratios as the text cut by hand."""
+    runner = FakeRunner(max_length=64)
+    runner.collapse_max_length = 20
+    with fake_client(runner=runner) as c:
+        text = " ".join(f"w{i}" for i in range(words))
+        body = c.post("/rank_collapse", json={"inputs": text, "truncate": True}).json()
+        assert body["n_tokens"] == 20
+        kept = c.post("/tokenize", json={"inputs": text, "truncate": True}).json()[0][1:19]
+        cut = text[kept[0]["start"]:kept[-1]["stop"]]
+        assert c.post("/rank_collapse", json={"inputs": cut}).json() == body
+
+
+def test_attention_truncate_cuts_to_the_maps_limit():
+    runner = FakeRunner(max_length=64)
+    runner.attention_max_length = 24
+    with fake_client(runner=runner) as c:
+        text = " ".join(["word"] * 40)
+        r = c.post("/attention", json={"inputs": text, "layer": 0})
+        assert r.status_code == 413 and "truncate=true to cut it to 24" in r.json()["error"]
+        body = c.post("/attention", json={"inputs": text, "layer": 0, "truncate": True}).json()
+        assert len(body["tokens"]) == 24 and body["tokens"][0] == "[CLS]" and body["tokens"][-1] == "[SEP]"
 
 
 def test_an_export_without_the_graph_is_422_saying_to_export_again():

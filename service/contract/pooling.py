@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 POOLING_MODES = ("mean", "cls", "opening")
+DEFAULT_POOLING = "opening"  # what a deployment pools by unless told otherwise (serve's --pooling)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
         raise ServiceError(422, f"layer must be in 0..{service.num_layers - 1} (got {body.layer})", "validation", "layer")
     if body.head is not None and body.head >= service.num_heads:
         raise ServiceError(422, f"head must be in 0..{service.num_heads - 1} or null for the mean over heads (got {body.head})", "validation", "head")
-    (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
+    limit = service.runner.attention_max_length  # truncate=true cuts to it, the maps' own limit
+    (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs",
+                                          max_length=limit if body.truncate and limit else None)
     n = len(tokenized)
     queries, keys = _window(body.query_range, n, "query_range"), _window(body.key_range, n, "key_range")
     per_row = None

@@ -20,7 +20,10 @@ async def rank_collapse(body: RankCollapseRequest, service: ServiceState = Depen
     path asked for: the model itself, pure attention (skips and MLPs removed), attention with
     its skips, attention with its MLPs. Pure attention loses rank doubly exponentially with
     depth; the skips are what keep a transformer's tokens apart."""
-    (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs")
+    # truncate=true cuts to this route's own limit (a quarter of max_length), as TEI cuts to its own.
+    limit = service.runner.collapse_max_length
+    (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs",
+                                          max_length=limit if body.truncate and limit else None)
     check_collapse_length(service, len(tokenized))
     ratios = await run_collapse(service, tokenized.ids, list(body.paths), timings)
     return RankCollapseResponse(variant=service.variant, layer_variants=service.layer_variants, n_tokens=len(tokenized),

@@ -49,6 +49,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         batching=BatchingLimits(
             max_batch_tokens=service.batcher.max_batch_tokens,
             max_batch_requests=service.batcher.max_batch_requests,
+            batch_order=s.batch_order,
             max_concurrent_requests=s.max_concurrent_requests,
             max_client_batch_size=s.max_client_batch_size,
             max_body_bytes=s.max_body_bytes,
