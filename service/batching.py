@@ -291,11 +291,18 @@ class TokenBudgetBatcher:
         return out[:LOOKAHEAD]
 
     def _next_batch(self) -> list[_Job]:
-        """The first input in round-robin order plus, while the padded token budget and the
-        batch size allow, inputs of the same kind nearest to it in length (packing.fill_batch;
-        in round-robin order with batch_order "arrival"); attention maps and collapse paths run alone."""
+        """The round-robin's request's longest waiting input (its first with batch_order
+        "arrival") plus, while the padded token budget and the batch size allow, inputs of the
+        same kind nearest to it in length (packing.fill_batch; in round-robin order with
+        "arrival"); attention maps and collapse paths run alone."""
         candidates = self._candidates()
         first = candidates[0]
+        if self.by_length:
+            # The round-robin picks the request; its longest waiting input starts the batch, so
+            # a request's inputs are cut into runs of like lengths from the top down, as
+            # packing.length_batches cuts them (an input of a request waits for its others anyway).
+            first = max(self._queues[first.owner], key=lambda job: len(job.ids))
+            candidates = [first, *(job for job in candidates if job is not first)]
         batch = [first]
         if first.alone is None:
             mates = [job for job in candidates[1:] if job.alone is None and job.kind == first.kind]
