@@ -471,6 +471,7 @@ def adapt(plan: Plan, log=print) -> dict:
     names = list(dict.fromkeys([*params, *(n for n in started_from(plan.weights) if n in state)]))
     sha = save_weights(student, out, names, position_rows=stage.position_rows)
     record = {
+        "model": student.model.record,  # weights serve this model only (models/weights.py)
         "variant": config.variant,
         "parameters": json.loads(json.dumps(config.as_params())),
         "max_length": plan.max_length,

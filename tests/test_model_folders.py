@@ -89,3 +89,122 @@ def test_schedules_repeat_over_the_models_layers(folders):
     assert [layer.attention.config.variant for layer in encoder.layers] == ["local", "full"]
     with pytest.raises(ValueError, match=r"schedule linformer\*5,longformer does not fit the model's 2 layers"):
         load_encoder("linformer*5,longformer", 512, model=folders["bert-mean"])
+
+
+# -- export and serving ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def xlmr_export(folders, tmp_path_factory):
+    """`attnserve export --model DIR` of longformer over the XLM-RoBERTa folder (the export's own
+    check compares ONNX Runtime with PyTorch)."""
+    from attnserve.models.export import main
+
+    out = tmp_path_factory.mktemp("exports") / "xlmr-longformer"
+    torch.set_num_threads(2)
+    status = main(["--model", str(folders["xlmr-cls"]), "--variant", "longformer", "--max-length", str(EXPORT_LENGTH),
+                   "--no-analysis", "--out", str(out)])
+    assert status == 0
+    return out
+
+
+def test_the_export_records_the_model(folders, xlmr_export):
+    from attnserve.service.contract.export_format import read_manifest
+
+    model = read_model_folder(folders["xlmr-cls"])
+    manifest = read_manifest(xlmr_export)
+    assert manifest.model.name == "xlmr-cls" and manifest.model.sha256 == model.sha256
+    assert (manifest.model.pooling, manifest.model.normalize) == ("cls", True)
+    assert manifest.recipe["model"] == {"name": "xlmr-cls", "sha256": model.sha256}
+    assert manifest.verified and (manifest.hidden_size, manifest.num_layers, manifest.num_heads) == (HIDDEN, 2, 4)
+    assert (xlmr_export / "tokenizer.json").read_bytes() == (folders["xlmr-cls"] / "tokenizer.json").read_bytes()
+
+
+def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tmp_path):
+    """The graph's sentence_embedding is the model's: the last token's vector, not normalised."""
+    from attnserve.models.export import export_model
+    from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.tokenizer import TextTokenizer
+
+    out = export_model("full", {}, 512, tmp_path / "export", analysis=False, model=folders["bert-lasttoken"], log=lambda *a: None)
+    runner = OnnxRunner(out, intra_op_threads=1)
+    tokenized = TextTokenizer(out / "tokenizer.json", 512).encode(TEXTS[:1], truncate=False)
+    ids = np.array([tokenized[0].ids])
+    reference = sentence_transformers_vectors(folders["bert-lasttoken"], TEXTS[:1]).numpy()
+    assert np.abs(runner.embed(ids, np.ones_like(ids)) - reference).max() <= 1e-4
+    assert runner.manifest["outputs"]["sentence_embedding"]["note"] == "lasttoken-pooled"
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+def broken(folder, tmp_path, change):
+    """A copy of `folder` with `change(copy)` applied."""
+    copy = tmp_path / "broken"
+    shutil.copytree(folder, copy)
+    change(copy)
+    return copy
+
+
+def edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+REFUSALS = {
+    "unknown architecture": (lambda d: edit_json(d / "config.json", architectures=["NomicBertModel"], model_type="nomic_bert"),
+                             r"config.json: architecture NomicBertModel is not supported; attnserve runs BertModel, XLMRobertaModel"),
+    "missing tokenizer": (lambda d: (d / "tokenizer.json").unlink(), r"tokenizer.json: missing; attnserve serves"),
+    "mismatched shapes": (lambda d: edit_json(d / "config.json", hidden_size=64),
+                          r"model.safetensors: embeddings.word_embeddings.weight has shape \[30522, 32\], \S+config.json gives \[30522, 64\]"),
+    "fewer layers": (lambda d: edit_json(d / "config.json", num_hidden_layers=3), r"model.safetensors: holds 2 layers, \S+ gives num_hidden_layers 3"),
+    "max pooling": (lambda d: edit_json(d / "1_Pooling" / "config.json", pooling_mode_mean_tokens=False, pooling_mode_max_tokens=True),
+                    r"1_Pooling/config.json: pooling pooling_mode_max_tokens is not supported"),
+    "a Dense module": (lambda d: (d / "modules.json").write_text(json.dumps(
+        [*json.loads((d / "modules.json").read_text()), {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}])),
+        r"modules.json: module sentence_transformers.models.Dense is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written(folders, tmp_path, capsys, case):
+    from attnserve.models.export import cached_export, main
+
+    change, message = REFUSALS[case]
+    folder = broken(folders["bert-mean"], tmp_path, change)
+    out = tmp_path / "out"
+    assert main(["--model", str(folder), "--variant", "full", "--max-length", "512", "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("attnserve export: error: ") and str(folder) in said
+    assert __import__("re").search(message, said), said
+    assert not out.exists()
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelError):
+        cached_export(cache, "full", {}, 512, model=folder, log=None)
+    assert list(cache.iterdir()) == []  # no scratch folder, no lock, no export
+
+
+def test_weights_trained_on_another_model_are_refused_naming_both(folders, tmp_path):
+    from safetensors.torch import save_file
+
+    from attnserve.models.weights import save_weights
+    from attnserve.service.contract.export_format import WeightsError
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    save_file({"layers.0.attention.E": torch.zeros(1)}, str(weights / "weights.safetensors"))
+    meta = {"variant": "linformer", "parameters": {}, "max_length": 512}
+    (weights / "adapt.json").write_text(json.dumps(meta))  # written before models were recorded: the bundled one's
+    with pytest.raises(WeightsError, match=rf"trained for the model {DEFAULT_MODEL_NAME}, not bert-mean \(sha256 \w+\)"):
+        load_encoder("linformer", 512, model=folders["bert-mean"], weights=weights)
+    tiny = read_model_folder(folders["bert-mean"])
+    (weights / "adapt.json").write_text(json.dumps({**meta, "model": tiny.record}))
+    with pytest.raises(WeightsError, match=rf"trained for the model bert-mean \(sha256 {tiny.sha256[:12]}\), not {DEFAULT_MODEL_NAME}"):
+        load_encoder("linformer", 512, weights=weights)
+    # weights.safetensors names its model too, for a folder without adapt.json.
+    alone = tmp_path / "alone"
+    save_weights(load_encoder("linformer", 512, model=folders["bert-mean"]), alone, ["layers.0.attention.E"])
+    with pytest.raises(WeightsError, match=rf"trained for the model bert-mean \(sha256 {tiny.sha256[:12]}\), not {DEFAULT_MODEL_NAME}"):
+        load_encoder("linformer", 512, weights=alone)
+    assert load_encoder("linformer", 512, model=folders["bert-mean"], weights=alone).weights["tensors"] == 1
