@@ -97,8 +97,13 @@ class TextTokenizer:
         self._tokenizer.no_padding()
         self.max_length = max_length
         self.vocab_size = self._tokenizer.get_vocab_size()
-        self.cls_id = self._tokenizer.token_to_id("[CLS]")
-        self.sep_id = self._tokenizer.token_to_id("[SEP]")
+        # The special tokens the post-processor wraps a text in: [CLS] and [SEP] for BERT, <s>
+        # and </s> for XLM-RoBERTa (read from the tokenizer, never assumed).
+        wrapped = self._tokenizer.encode("", add_special_tokens=True).ids
+        if len(wrapped) < 2:
+            raise ExportError(f"{self.path}: its post-processor adds {len(wrapped)} special tokens to a text; attnserve "
+                              f"serves models whose tokenizer wraps each text in two ([CLS] ... [SEP] or <s> ... </s>)")
+        self.cls_id, self.sep_id = wrapped[0], wrapped[-1]
         # Texts longer than this many characters are tokenized a prefix at a time (0: never).
         self.prefix_chars = max_length * _PREFIX_CHARS_PER_TOKEN if _prefix_is_exact(self._tokenizer) else 0
 

@@ -120,6 +120,37 @@ def test_the_export_records_the_model(folders, xlmr_export):
     assert (xlmr_export / "tokenizer.json").read_bytes() == (folders["xlmr-cls"] / "tokenizer.json").read_bytes()
 
 
+def test_the_served_export_gives_sentence_transformers_vectors(folders, xlmr_export):
+    """Short texts: longformer is full attention there, so the served vectors (the model's cls
+    pooling by default) are sentence-transformers'; a long one: ONNX Runtime's are PyTorch's."""
+    from attnserve.service.embedder import Embedder
+
+    embedder = Embedder(xlmr_export, threads=1)
+    assert (embedder.tokenizer.cls_id, embedder.tokenizer.sep_id) == (0, 2)  # <s> and </s>, read from the tokenizer
+    reference = sentence_transformers_vectors(folders["xlmr-cls"], TEXTS).numpy()
+    assert np.abs(embedder.embed(TEXTS) - reference).max() <= 1e-4
+    encoder = load_encoder("longformer", EXPORT_LENGTH, model=folders["xlmr-cls"])
+    served = embedder.embed([LONG_TEXT], truncate=True)
+    assert np.abs(served - encoder.embed([LONG_TEXT]).numpy()).max() <= 1e-4
+
+
+def test_info_and_embeddings_name_the_model(folders, xlmr_export):
+    from fastapi.testclient import TestClient
+
+    from attnserve.service.app import create_app
+    from attnserve.service.settings import Settings
+
+    sha = read_model_folder(folders["xlmr-cls"]).sha256
+    with TestClient(create_app(Settings(export_dir=xlmr_export, intra_op_threads=1))) as client:
+        info = client.get("/info").json()
+        assert info["model"] == {"name": "xlmr-cls", "sha256": sha, "pooling": "cls", "normalize": True}
+        assert info["model_name"] == "attnserve-longformer-xlmr-cls" and info["pooling"]["mode"] == "cls"
+        answer = client.post("/v1/embeddings", json={"input": TEXTS[:2], "model": info["model_name"]}).json()
+        assert answer["model"] == "attnserve-longformer-xlmr-cls"
+    reference = sentence_transformers_vectors(folders["xlmr-cls"], TEXTS[:2]).numpy()
+    assert np.abs(np.array([d["embedding"] for d in answer["data"]]) - reference).max() <= 1e-4
+
+
 def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tmp_path):
     """The graph's sentence_embedding is the model's: the last token's vector, not normalised."""
     from attnserve.models.export import export_model
@@ -133,6 +164,19 @@ def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tm
     reference = sentence_transformers_vectors(folders["bert-lasttoken"], TEXTS[:1]).numpy()
     assert np.abs(runner.embed(ids, np.ones_like(ids)) - reference).max() <= 1e-4
     assert runner.manifest["outputs"]["sentence_embedding"]["note"] == "lasttoken-pooled"
+
+
+def test_serving_passes_the_model_on_and_refuses_an_export_of_another(folders, xlmr_export):
+    from attnserve.service.contract.export_format import ExportError
+    from attnserve.service.exports import check_export_fits, export_command, exporter_args
+    from attnserve.service.settings import Settings
+
+    settings = Settings(model=folders["bert-mean"], variant="local")
+    assert exporter_args(settings)[:6] == ["--variant", "local", "--max-length", "16384", "--model", str(folders["bert-mean"])]
+    assert f"--model {folders['bert-mean']}" in export_command(settings)
+    check_export_fits(xlmr_export, Settings(model=folders["xlmr-cls"]))
+    with pytest.raises(ExportError, match=r"exported from the model xlmr-cls \(sha256 \w+\), not bert-mean"):
+        check_export_fits(xlmr_export, Settings(model=folders["bert-mean"]))
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -183,6 +227,16 @@ def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written
     with pytest.raises(ModelError):
         cached_export(cache, "full", {}, 512, model=folder, log=None)
     assert list(cache.iterdir()) == []  # no scratch folder, no lock, no export
+
+
+def test_serve_refuses_such_a_folder_with_exit_2(folders, tmp_path, capsys):
+    from attnserve.service.cli import main
+
+    folder = broken(folders["xlmr-cls"], tmp_path, lambda d: (d / "tokenizer.json").unlink())
+    status = main(["serve", "--model", str(folder), "--models-dir", str(tmp_path / "models"), "--port", "0"])
+    assert status == 2
+    assert f"{folder / 'tokenizer.json'}: missing" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists() or list((tmp_path / "models").iterdir()) == []
 
 
 def test_weights_trained_on_another_model_are_refused_naming_both(folders, tmp_path):
