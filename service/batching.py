@@ -10,9 +10,10 @@ refused at once (`Overloaded`, answered 429) instead of queueing without bound.
 Inputs wait in one queue per request, and batches are packed round-robin over requests (the
 request that has had the fewest inputs run goes first), so a request of 64 long documents
 runs one batch at a time beside the others and a short query behind it waits for at most the
-batch in progress, not for all 64. The rest of a batch is the waiting inputs nearest in length
-to the first (service/packing.py), so a burst of mixed lengths runs in batches of like lengths
-instead of padding every text to the longest of its neighbours in the queue. An input whose
+batch in progress, not for all 64. A batch starts at the longest waiting input of the request
+the round-robin picks and takes the waiting inputs below it in length up to where a cut costs
+least (service/packing.py), so a burst of mixed lengths runs in batches of like lengths instead
+of padding every text to the longest of its neighbours in the queue. An input whose
 request was cancelled (its client went away, its deadline passed) is dropped before it runs.
 """
 from __future__ import annotations
@@ -112,7 +113,7 @@ class TokenBudgetBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_concurrent_requests = max_concurrent_requests
-        self.by_length = by_length  # batch mates nearest in length to the first input, else in round-robin order
+        self.by_length = by_length  # batch mates by length (packing.fill_batch), else in round-robin order
         # Padded tokens the queue may hold (0: no bound), so that the work accepted can finish
         # within a graceful shutdown and a burst cannot queue without end.
         self.max_queued_tokens = max_queued_tokens
@@ -291,11 +292,18 @@ class TokenBudgetBatcher:
         return out[:LOOKAHEAD]
 
     def _next_batch(self) -> list[_Job]:
-        """The first input in round-robin order plus, while the padded token budget and the
-        batch size allow, inputs of the same kind nearest to it in length (packing.fill_batch;
-        in round-robin order with batch_order "arrival"); attention maps and collapse paths run alone."""
+        """The round-robin's request's longest waiting input (its first with batch_order
+        "arrival") plus, while the padded token budget and the batch size allow, inputs of the
+        same kind no longer than it, cut where it costs least (packing.fill_batch; in
+        round-robin order with "arrival"); attention maps and collapse paths run alone."""
         candidates = self._candidates()
         first = candidates[0]
+        if self.by_length:
+            # The round-robin picks the request; its longest waiting input starts the batch, so
+            # a request's inputs are cut into runs of like lengths from the top down, as
+            # packing.length_batches cuts them (an input of a request waits for its others anyway).
+            first = max(self._queues[first.owner], key=lambda job: len(job.ids))
+            candidates = [first, *(job for job in candidates if job is not first)]
         batch = [first]
         if first.alone is None:
             mates = [job for job in candidates[1:] if job.alone is None and job.kind == first.kind]

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     # Batching and limits.
     max_batch_tokens: int = Field(0, ge=0, description="tokens per inference batch, batch size x longest input padded to the export's length multiple (0: 2048 on CPU, 16384 on a GPU)")
     max_batch_requests: int = Field(32, ge=1, description="inputs per inference batch")
-    batch_order: Literal["length", "arrival"] = Field("length", description="how a batch is filled after its first input (the round-robin's pick): length (the waiting inputs nearest to it in length, so little of the batch is padding) or arrival (in round-robin order, whatever their lengths)")
+    batch_order: Literal["length", "arrival"] = Field("length", description="how a batch is filled after its first input (the round-robin's pick): length (the round-robin's request's longest waiting input, then the waiting inputs below it in length up to where a cut costs least, so little of the batch is padding) or arrival (in round-robin order, whatever their lengths)")
     max_concurrent_requests: int = Field(256, ge=1, description="requests accepted at once; more get 429")
     max_queued_tokens: int = Field(262144, ge=0, description="padded tokens the queue may hold (all waiting requests together); more get 429, a request over it alone 413 (0: no bound)")
     max_client_batch_size: int = Field(64, ge=1, description="inputs in one request")

@@ -231,3 +231,16 @@ def test_the_backend_pools_what_the_batcher_batches(mode, normalize):
         ids, mask = pad([x])
         expected = runner.embed(ids, mask)[0] if (mode, normalize) == ("mean", True) else pooling(runner.hidden_states(ids, mask)[0], normalize)
         np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_cuts_fall_where_the_lengths_jump():
+    from attnserve.service.packing import cut_sorted, fill_batch
+
+    same = lambda n: n  # noqa: E731
+    assert cut_sorted([250, 240, 60, 50, 10, 8], same, max_tokens=4096, max_inputs=32) == [2, 2, 2]
+    assert sorted(cut_sorted([100] * 5, same, max_tokens=4096, max_inputs=2)) == [1, 2, 2]  # the size limit
+    assert cut_sorted([100] * 4, same, max_tokens=250, max_inputs=32) == [2, 2]  # the token budget
+    assert cut_sorted([5000, 10], same, max_tokens=1000, max_inputs=32) == [1, 1]  # over the budget: alone
+    # The batcher's view: from its first input, only inputs no longer than it, longest first.
+    assert fill_batch(240, [10, 250, 230, 60, 235], same, max_tokens=4096, max_inputs=32) == [4, 2]
+    assert fill_batch(240, [10, 250, 230], same, max_tokens=4096, max_inputs=32, by_length=False) == [0, 1, 2]

@@ -99,7 +99,7 @@ def test_embed_matches_pytorch_encoder(client):
 def test_a_mixed_length_burst_gives_each_text_its_own_vector(client):
     """The batcher groups a request's texts by length (service/packing.py): each text's vector
     is the one it gets alone, whichever texts it shared a batch with."""
-    texts = [" ".join(["word"] * n) + f" {n}" for n in (3, 240, 7, 180, 30, 250, 1, 90, 12, 200, 60, 5)]
+    texts = [" ".join(["word"] * n) + f" {n}" for n in (3, 240, 7, 180, 30, 250, 1, 90)]  # this server takes 8 a request
     together = np.array(client.post("/embed", json={"inputs": texts}).json())
     alone = np.array([client.post("/embed", json={"inputs": text}).json()[0] for text in texts])
     np.testing.assert_allclose(together, alone, atol=1e-5)

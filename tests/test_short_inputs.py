@@ -271,7 +271,7 @@ def test_the_batch_budget_counts_what_the_short_graph_runs():
         batcher = TokenBudgetBatcher(runner, max_batch_tokens=1024, max_batch_requests=32, max_concurrent_requests=100)
         await batcher.start()
         await asyncio.gather(*(batcher.embed([[101] + [7] * 10 + [102]], Timings()) for _ in range(12)))
-        await batcher.embed([[101] + [7] * 200 + [102], [101, 102]], Timings())  # 202 tokens: 256 each
+        await batcher.embed([[101] + [7] * 200 + [102], [101] + [8] * 190 + [102]], Timings())  # past 128: 256 each
         await batcher.stop()
         return runner
 
