@@ -11,6 +11,7 @@ from attnserve.models.pretrained import load_bert_weights, load_model, load_toke
 from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
+from attnserve.service.contract.model_folder import wrapping_ids
 from attnserve.service.contract.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
@@ -42,6 +43,11 @@ class Encoder(LongContextEncoder):
     @property
     def variant(self) -> str:
         return self.attention_config.variant
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """The ids each text is wrapped in: [CLS] and [SEP] for BERT, <s> and </s> for XLM-RoBERTa."""
+        return wrapping_ids(self.tokenizer)
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, the model's special tokens ([CLS] and [SEP], <s> and </s>)

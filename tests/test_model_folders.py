@@ -262,3 +262,34 @@ def test_weights_trained_on_another_model_are_refused_naming_both(folders, tmp_p
     with pytest.raises(WeightsError, match=rf"trained for the model bert-mean \(sha256 {tiny.sha256[:12]}\), not {DEFAULT_MODEL_NAME}"):
         load_encoder("linformer", 512, weights=alone)
     assert load_encoder("linformer", 512, model=folders["bert-mean"], weights=alone).weights["tensors"] == 1
+
+
+def test_adapt_trains_for_the_folder_given_and_its_weights_serve_it_only(folders, tmp_path):
+    """`attnserve adapt --model DIR`: the teacher is the folder's own model at its own length,
+    windows are wrapped in its special tokens (<s> ... </s>), and adapt.json names it."""
+    import gzip
+
+    from attnserve.models.documents import TRAIN_DOCUMENTS
+    from attnserve.service.cli import main
+    from attnserve.service.contract.export_format import WeightsError
+
+    data = tmp_path / "train.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        for row in read_jsonl(TRAIN_DOCUMENTS, limit=8):
+            f.write(json.dumps(row) + "\n")
+    out = tmp_path / "adapted"
+    assert main(["adapt", "variant", "--model", str(folders["xlmr-cls"]), "--variant", "linformer", "--param", "k=8",
+                 "--max-length", "256", "--data", str(data), "--out", str(out), "--window", "64", "--batch", "2",
+                 "--holdout", "3", "--eval-seconds", "0", "--max-steps", "2", "--threads", "1"]) == 0
+    meta = json.loads((out / "adapt.json").read_text())
+    model = read_model_folder(folders["xlmr-cls"])
+    assert meta["model"] == model.record and meta["steps"] == 2
+    assert meta["teacher"] == "full attention, pretrained xlmr-cls, 64 tokens"
+    assert meta["trained"] == {f"layers.{i}.attention.E": [8, 256] for i in range(2)}
+    adapted = load_encoder("linformer", 256, model=folders["xlmr-cls"], weights=out, k=8)
+    assert adapted.weights["tensors"] == 2 and adapted.special_ids == (0, 2)
+    with pytest.raises(WeightsError, match=r"trained for the model xlmr-cls"):
+        load_encoder("linformer", 256, weights=out, k=8)
+    # The teacher's length is the model's: a window past its positions is refused, naming them.
+    assert main(["adapt", "variant", "--model", str(folders["xlmr-cls"]), "--variant", "linformer", "--max-length", "1024",
+                 "--data", str(data), "--out", str(tmp_path / "no"), "--window", "600"]) == 2

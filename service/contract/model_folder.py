@@ -104,6 +104,14 @@ def describe_record(record: dict | None) -> str:
     return f"{record.get('name', '?')} (sha256 {digest[:12]})" if digest else f"{record.get('name', '?')}"
 
 
+def wrapping_ids(tokenizer) -> tuple[int, int] | None:
+    """The ids a tokenizers.Tokenizer's post-processor wraps each text in ([CLS] and [SEP] for
+    BERT, <s> and </s> for XLM-RoBERTa), read from the tokenizer, never assumed; None where it
+    adds fewer than two."""
+    wrapped = tokenizer.encode("", add_special_tokens=True).ids
+    return (wrapped[0], wrapped[-1]) if len(wrapped) >= 2 else None
+
+
 def _json(path: Path, what: str) -> object:
     try:
         return json.loads(path.read_text())
