@@ -210,9 +210,21 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     return encoder.eval()
 
 
+def stand_in_model(tokenizer_dir: str, seed: int, shape):
+    """What export_encoder records of the model (encoder.model) and copies its tokenizer.json
+    from: the seeded random weights, named by their seed, with the stand-in tokenizer."""
+    import dataclasses
+
+    from attnserve.service.contract.model_folder import ModelFolder
+
+    facts = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)}
+    return ModelFolder(dir=Path(tokenizer_dir), name=f"seeded-random-{seed}", sha256=f"seeded random, seed {seed}, std {INIT_STD}",
+                       architecture="bert", position_offset=0, **facts)
+
+
 def write_stand_in_tokenizer(directory: Path) -> Path:
-    """export_encoder copies the pretrained model's tokenizer.json (from the weights package)
-    beside the graphs, for serving. These exports hold random weights and are never served,
+    """export_encoder copies the model's tokenizer.json (encoder.model.dir's) beside the
+    graphs, for serving. These exports hold random weights and are never served,
     and the GPU machine has no weights package: a WordPiece tokenizer of BERT's special tokens
     alone stands in for it."""
     from tokenizers import Tokenizer
@@ -230,8 +242,6 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     analysis graph, no CPU parity check: the run compares ONNX Runtime with PyTorch's float32
     itself, on the device). An export of the same variant, length, seed and precision, made by
     the same models code (its sha256), already in out_dir is reused."""
-    from unittest import mock
-
     import torch
 
     from attnserve.models import export
@@ -253,8 +263,8 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     encoder = seeded_encoder(variant, max_length, seed)
-    with open(out.parent / f"{variant}.export.log", "w") as log_file, \
-            mock.patch.object(export, "model_dir", lambda: Path(tokenizer_dir)):
+    encoder.model = stand_in_model(tokenizer_dir, seed, encoder.shape)
+    with open(out.parent / f"{variant}.export.log", "w") as log_file:
         export.export_encoder(encoder, out, max_length=max_length, analysis=False, verify=False, precision=precision,
                               log=lambda message: print(message, file=log_file, flush=True))
     manifest = read_manifest(out)

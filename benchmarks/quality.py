@@ -40,6 +40,7 @@ from attnserve.models.context_cache import naive_chunk_ids
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.service.contract.export_format import DEFAULT_PRECISION, parse_param
+from attnserve.service.contract.model_folder import wrapping_ids
 from attnserve.service.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
@@ -125,7 +126,7 @@ def chunk_bounds(encodings, rows, chunk_tokens: int, overlap_tokens: int = 0):
 def naive_chunks(tokenizer, encodings, rows, chunk_tokens: int):
     """Each chunk's token ids as a text of its own ([CLS] chunk [SEP]) and the index of its
     document: what a 512-token server with a chunker embeds."""
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    cls, sep = wrapping_ids(tokenizer)
     chunks, owner = [], []
     for index, bounds in enumerate(chunk_bounds(encodings, rows, chunk_tokens)):
         chunks += naive_chunk_ids(encodings[index].ids, bounds, cls, sep)

@@ -79,6 +79,7 @@ class Plan:
     loss: str = "layer-local"  # distill: one of DISTILL_LOSSES
     weights: str | None = None  # adapted weights to start from (a weights directory)
     also_lr: float = 1e-4  # distill: Adam's rate for the --also modules
+    model: str | None = None  # a sentence-transformers model folder (None: the bundled all-MiniLM-L6-v2)
 
 
 def token_documents(tokenizer, rows) -> list[list[int]]:
@@ -121,19 +122,22 @@ def layer_cosines(student, teacher, ids: list[list[int]], batch: int = 8, progre
     student's). `ids`: token id lists the teacher reads whole (at most its max_length);
     `progress(n)` is called after each batch of n."""
     from attnserve.models.api import pad_batch
-    from attnserve.models.encoder import mean_pool
+    from attnserve.models.encoder import pool
+
+    def pooled(x, key_valid):  # the model's pooling, normalised for a cosine
+        return pool(x, key_valid, teacher.shape.pooling, normalize=True)
 
     sums = torch.zeros(len(student.layers), dtype=torch.float64)
     for start in range(0, len(ids), batch):
         input_ids, mask = pad_batch(ids[start:start + batch])
         key_valid = mask.bool()
         states = layer_inputs(teacher, input_ids, mask)
-        target = mean_pool(states[-1], key_valid)
+        target = pooled(states[-1], key_valid)
         for i, layer in enumerate(student.layers):
             x, _ = layer(states[i], key_valid)
             for later in teacher.layers[i + 1:]:
                 x, _ = later(x, key_valid)
-            sums[i] += float((mean_pool(x, key_valid) * target).sum())
+            sums[i] += float((pooled(x, key_valid) * target).sum())
         if progress is not None:
             progress(input_ids.shape[0])
     return (sums / max(len(ids), 1)).tolist()
@@ -157,9 +161,11 @@ class Distill:
             raise ValueError(f"--loss {plan.loss!r}: choose from {', '.join(DISTILL_LOSSES)}")
         self.objective = plan.loss
         self.loss_text = self.loss_texts[plan.loss]
-        self.window = plan.window or 512
-        if not 8 <= self.window <= 512:
-            raise ValueError(f"--window must be in 8..512 for stage distill, the teacher's pretrained length (got {self.window})")
+        positions = student.shape.max_positions  # the teacher's pretrained length
+        self.window = plan.window or positions
+        if not 8 <= self.window <= positions:
+            raise ValueError(f"--window must be in 8..{positions} for stage distill, the teacher's pretrained length "
+                             f"(got {self.window})")
         self.batch = plan.batch
         also = {f".{name}." for name in plan.also}
         unknown = sorted(name for name in plan.also if not any(f".{name}." in n for n, _ in named_once(student)))
@@ -179,13 +185,13 @@ class Distill:
         if extra:
             self.groups.append({"params": list(extra.values()), "lr": plan.also_lr})
             self.params = {**self.params, **extra}
-        self.teacher = load_encoder("full", self.window)
+        self.teacher = load_encoder("full", self.window, model=student.model)
         tokenizer = student.tokenizer
-        self.cls, self.sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        self.cls, self.sep = student.special_ids
         self.docs = [d for d in token_documents(tokenizer, train_rows) if d]
         self.held_ids = [wrap(d, 0, self.window, self.cls, self.sep) for d in token_documents(tokenizer, held_rows)]
         self.teacher_vectors = self.teacher.embed_ids(self.held_ids)
-        self.facts = {"teacher": f"full attention, pretrained all-MiniLM-L6-v2, {self.window} tokens"}
+        self.facts = {"teacher": f"full attention, pretrained {student.model.name}, {self.window} tokens"}
         # Windows start at position 0: a variant's position tables learn their first `window` rows only.
         self.position_rows = self.window
 
@@ -248,10 +254,11 @@ class LongText:
 
         if student.attention_config.positions != "learned":
             raise ValueError("stage long trains the offsets of positions=learned; pass --param positions=learned")
+        positions = student.shape.max_positions  # tokens past the position table read what this stage trains
         self.window = plan.window or plan.max_length
-        if not 514 <= self.window <= plan.max_length:
-            raise ValueError(f"--window must be in 514..max_length {plan.max_length} for stage long: only tokens past 512 "
-                             f"use what it trains (got {self.window})")
+        if not positions + 2 <= self.window <= plan.max_length:
+            raise ValueError(f"--window must be in {positions + 2}..max_length {plan.max_length} for stage long: only tokens "
+                             f"past {positions} use what it trains (got {self.window})")
         self.batch = plan.batch
         self.params = trainable(student, "long")
         self.lr = plan.lr or 1e-3
@@ -261,11 +268,12 @@ class LongText:
         if plan.loss != "layer-local":
             raise ValueError("--loss applies to stage distill only (stage long has its contrastive objective)")
         tokenizer = student.tokenizer
-        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-        # Documents that reach past 512 tokens: only those train anything.
-        rows = [(r, d) for r, d in zip(train_rows, token_documents(tokenizer, train_rows)) if len(d) > 512 and r.get("query")]
+        cls, sep = student.special_ids
+        # Documents that reach past the position table: only those train anything.
+        rows = [(r, d) for r, d in zip(train_rows, token_documents(tokenizer, train_rows))
+                if len(d) > positions and r.get("query")]
         if not rows:
-            raise ValueError("stage long needs training documents longer than 512 tokens with a 'query' (their title)")
+            raise ValueError(f"stage long needs training documents longer than {positions} tokens with a 'query' (their title)")
         self.rows = [r for r, _ in rows]
         self.docs = [wrap(d, 0, self.window, cls, sep) for _, d in rows]
         # Queries are short: the pretrained model's vectors, whatever the offsets become.
@@ -278,7 +286,7 @@ class LongText:
                              student.embed_ids(student.tokenize([passage(r["text"], rng) for r, _ in held]))]
         self.bank: list[tuple[torch.Tensor, np.ndarray]] = []
         self.facts = {"queries": "each document's title ('query' field) and a 30-word passage from past its word 600",
-                      "documents_longer_than_512": len(self.docs)}
+                      f"documents_longer_than_{positions}": len(self.docs)}
 
     def loss(self, student, rng) -> torch.Tensor:
         from attnserve.models.api import pad_batch
@@ -399,7 +407,7 @@ def adapt(plan: Plan, log=print) -> dict:
 
     rows = read_jsonl(plan.data)
     train_rows, held_rows = split(rows, plan.holdout, plan.seed)
-    student = load_encoder(plan.variant, plan.max_length, **plan.params)
+    student = load_encoder(plan.variant, plan.max_length, model=plan.model, **plan.params)
     if plan.weights:  # a start: it may have been trained under other parameter values (a new stride)
         load_weights(student, plan.weights, any_parameters=True)
     stage = STAGE_CLASSES[plan.stage](plan, student, train_rows, held_rows)
@@ -471,6 +479,7 @@ def adapt(plan: Plan, log=print) -> dict:
     names = list(dict.fromkeys([*params, *(n for n in started_from(plan.weights) if n in state)]))
     sha = save_weights(student, out, names, position_rows=stage.position_rows)
     record = {
+        "model": student.model.record,  # weights serve this model only (models/weights.py)
         "variant": config.variant,
         "parameters": json.loads(json.dumps(config.as_params())),
         "max_length": plan.max_length,
@@ -557,6 +566,9 @@ def configure(parser) -> None:
                              "(the whole student to the teacher's pooled vector and last hidden states; default layer-local)")
     parser.add_argument("--weights", default=None, help="adapted weights to start from (a weights directory, e.g. a "
                         "layer-local run's before --loss end-to-end); the output holds the tensors trained now")
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="a sentence-transformers folder (BERT or XLM-RoBERTa) to train for (default: the bundled "
+                             "all-MiniLM-L6-v2); its weights serve that model only")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps even within the minutes (default: no cap)")
 
 
@@ -570,7 +582,8 @@ def adapt_command(args) -> int:
                     out=args.out, minutes=args.minutes, stage=args.stage, window=args.window, batch=args.batch,
                     lr=args.lr, holdout=args.holdout, eval_seconds=args.eval_seconds, seed=args.seed, threads=args.threads,
                     max_steps=args.max_steps, also=tuple(a.strip() for a in args.also.split(",") if a.strip()),
-                    loss=args.loss, weights=args.weights, also_lr=args.also_lr)
+                    loss=args.loss, weights=args.weights, also_lr=args.also_lr,
+                    model=args.model)
         if not Path(plan.data).is_file():
             raise ValueError(f"--data {plan.data}: no such file")
         adapt(plan)

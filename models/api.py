@@ -7,10 +7,11 @@ import numpy as np
 import torch
 
 from attnserve.models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
-from attnserve.models.pretrained import load_bert_weights, load_tokenizer
+from attnserve.models.pretrained import load_bert_weights, load_model, load_tokenizer
 from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
+from attnserve.service.contract.model_folder import wrapping_ids
 from attnserve.service.contract.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
@@ -29,29 +30,39 @@ class ChunkEmbedding:
 
 
 class Encoder(LongContextEncoder):
-    """A LongContextEncoder that carries its tokenizer, with the user-facing methods."""
+    """A LongContextEncoder that carries its model folder and tokenizer, with the user-facing
+    methods. `model`: a ModelFolder (models.pretrained.load_model; None: the bundled
+    all-MiniLM-L6-v2), whose shape must be `shape`."""
 
-    def __init__(self, shape, attention_config, max_length):
+    def __init__(self, shape, attention_config, max_length, model=None):
         super().__init__(shape, attention_config, max_length)
-        self.tokenizer = load_tokenizer(max_length)
+        self.model = load_model(model)
+        self.tokenizer = load_tokenizer(max_length, self.model.dir)
         self.weights: dict | None = None  # the adapted weights applied (models.weights.load_weights)
 
     @property
     def variant(self) -> str:
         return self.attention_config.variant
 
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """The ids each text is wrapped in: [CLS] and [SEP] for BERT, <s> and </s> for XLM-RoBERTa."""
+        return wrapping_ids(self.tokenizer)
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, [CLS] and [SEP] included, cut at max_length tokens."""
+        """Token ids of each text, the model's special tokens ([CLS] and [SEP], <s> and </s>)
+        included, cut at max_length tokens."""
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     @torch.no_grad()
     def embed(self, texts: list[str], pooling: Pooling | None = None) -> torch.Tensor:
-        """(n, hidden) L2-normalised embeddings, mean-pooled as sentence-transformers computes
-        them unless `pooling` says otherwise (see service.pooling.Pooling). A text longer than
+        """(n, hidden) embeddings as sentence-transformers computes them for the model (its
+        pooling, L2-normalised where it has a Normalize module) unless `pooling` says otherwise
+        (see service.pooling.Pooling). A text longer than
         max_length tokens is cut to its first max_length tokens; an empty text gets the
         embedding of the empty document ([CLS] [SEP])."""
         ids = self.tokenize(texts)
-        if pooling is None or pooling.mode == "mean":
+        if pooling is None or (pooling.mode == self.shape.pooling and self.shape.normalize):
             return self.embed_ids(ids)
         return torch.stack([torch.from_numpy(pooling(hidden)) for hidden in self.token_states(ids)])
 
@@ -163,17 +174,21 @@ def pad_batch(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, mask
 
 
-def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=None, **params) -> Encoder:
-    """An eval-mode encoder over all-MiniLM-L6-v2 whose attention is `variant` with `params`
-    (see `attnserve variants`). Unknown variants or parameters and impossible values raise
-    ValueError saying what is valid. `weights`: a directory `attnserve adapt` wrote, whose
-    tensors replace the pretrained ones (models.weights; a WeightsError, a ValueError, names
-    the file when they do not fit). encoder.weights says which were applied (None: none)."""
+def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=None, model=None, **params) -> Encoder:
+    """An eval-mode encoder over `model` (a sentence-transformers folder of a BERT or
+    XLM-RoBERTa model, or a ModelFolder; None: the bundled all-MiniLM-L6-v2) whose attention is
+    `variant` with `params` (see `attnserve variants`). Unknown variants or parameters and
+    impossible values raise ValueError saying what is valid; a folder that is not a supported
+    model a ModelError (a ValueError) naming the file. `weights`: a directory `attnserve adapt`
+    wrote, whose tensors replace the pretrained ones (models.weights; a WeightsError, a
+    ValueError, names the file when they do not fit, or the model when they were trained on
+    another). encoder.weights says which were applied (None: none)."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
     config = make_config(variant, max_length, **params)
-    encoder = Encoder(BertShape(), config, max_length)
-    load_bert_weights(encoder)
+    folder = load_model(model)
+    encoder = Encoder(BertShape.of(folder), config, max_length, folder)
+    load_bert_weights(encoder, folder)
     if weights is not None:
         load_weights(encoder, weights)
     return encoder.eval()

@@ -1,6 +1,8 @@
-"""The long-context encoder: all-MiniLM-L6-v2's BERT with a pluggable attention step.
+"""The long-context encoder: a BERT (all-MiniLM-L6-v2 by default, or any BERT or XLM-RoBERTa
+sentence-transformers folder, models/pretrained.py) with a pluggable attention step.
 
-Read top to bottom: embeddings -> N x (attention, FFN) -> mean pooling -> L2 normalisation.
+Read top to bottom: embeddings -> N x (attention, FFN) -> pooling (the model's: mean, cls or
+lasttoken) -> L2 normalisation (where the model has a Normalize module).
 Every layer's attention is built by `build_attention(config, ...)` from the registry, from that
 layer's config (one variant's in all layers, or a schedule's, models/schedule.py), so this
 file never knows which variant it runs.
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnserve.models.attention.base import POSITION_SCHEMES, AttentionConfig
+from attnserve.models.attention.base import DEFAULT_POSITION_PERIOD, POSITION_SCHEMES, AttentionConfig
 from attnserve.models.schedule import ScheduleConfig
 from attnserve.models.registry import build_attention
 from attnserve.service.contract.export_format import COLLAPSE_PATHS, check_collapse_paths
@@ -22,6 +24,11 @@ from attnserve.service.contract.export_format import COLLAPSE_PATHS, check_colla
 
 @dataclasses.dataclass(frozen=True)
 class BertShape:
+    """What the encoder's modules are built from; the defaults are all-MiniLM-L6-v2's. A model
+    folder's come from its config.json and modules.json (`BertShape.of(model)`).
+    max_positions: the rows of the position table tokens read (XLM-RoBERTa's table less its
+    offset rows); pooling: mean, cls or lasttoken; normalize: L2-normalise the pooled vector."""
+
     vocab_size: int = 30522
     hidden_size: int = 384
     num_layers: int = 6
@@ -30,6 +37,13 @@ class BertShape:
     max_positions: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
+    pooling: str = "mean"
+    normalize: bool = True
+
+    @classmethod
+    def of(cls, model) -> "BertShape":
+        """The shape of a model folder (attnserve.service.contract.model_folder.ModelFolder)."""
+        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(cls)})
 
 
 def document_lengths(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
@@ -93,7 +107,10 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(shape.type_vocab_size, shape.hidden_size)
         self.LayerNorm = nn.LayerNorm(shape.hidden_size, eps=shape.layer_norm_eps)
         self.scheme = POSITIONS[config.positions]
-        self.position_period = config.position_period
+        # The default period tiles the model's whole table (all-MiniLM's 512 rows, bge-m3's
+        # 8,192); a shorter one restarts within it, and a table shorter than it tiles itself.
+        default = config.position_period == DEFAULT_POSITION_PERIOD
+        self.position_period = shape.max_positions if default else min(config.position_period, shape.max_positions)
         # positions="learned": what tokens past the table add to their tiled row (LongEmbed's
         # "new position rows", tiled so the parameters do not grow with max_length). Only long
         # inputs read it, so up to 512 tokens the model stays the pretrained one.
@@ -216,7 +233,7 @@ class LongContextEncoder(nn.Module):
                 weights = layer_weights
             if hidden_states is not None:
                 hidden_states.append(x)
-        embedding = mean_pool(x, key_valid)
+        embedding = pool(x, key_valid, self.shape.pooling, self.shape.normalize)
         if weights_layer is None:
             return embedding, x
         return embedding, x, weights
@@ -235,6 +252,23 @@ class LongContextEncoder(nn.Module):
             ratios.append(rank_collapse_ratio(x, valid))
         stacked = torch.stack(ratios, dim=1).unflatten(0, (len(paths), -1))
         return {path: stacked[i] for i, path in enumerate(paths)}
+
+
+def pool(x, key_valid, mode: str = "mean", normalize: bool = True):
+    """sentence-transformers' pooling of a model (its Pooling module's mode: mean over real
+    tokens, the first token's vector, or the last real token's), L2-normalised if it has a
+    Normalize module."""
+    if mode == "mean":
+        mask = key_valid[:, :, None].to(x.dtype)
+        pooled = (x * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    elif mode == "cls":
+        pooled = x[:, 0]
+    elif mode == "lasttoken":
+        last = (key_valid.to(torch.long).sum(1) - 1).clamp(min=0)
+        pooled = torch.gather(x, 1, last[:, None, None].expand(-1, 1, x.shape[2]))[:, 0]
+    else:
+        raise ValueError(f"pooling must be mean, cls or lasttoken (got {mode!r})")
+    return F.normalize(pooled, p=2, dim=1) if normalize else pooled
 
 
 def mean_pool(x, key_valid):

@@ -45,7 +45,7 @@ from attnserve.models.export_lengths import (  # noqa: F401
 from attnserve.models.export_precision import MIN_COSINE, check_precision, convert_graphs
 from attnserve.models.export_verify import (  # noqa: F401
     DISCONTINUOUS_MIN_COSINE, EMBEDDING_TOL, HIDDEN_TOL, cosines, is_discontinuous, ort_session, verify_embedding_graph)
-from attnserve.models.pretrained import model_dir
+from attnserve.models.pretrained import load_model
 from attnserve.models.registry import make_config, precision_refused
 from attnserve.models.schedule import layer_variants
 from attnserve.service.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
@@ -58,14 +58,17 @@ MAX_BATCH = 1024
 
 def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str | None = None, *, analysis: bool = True,
                   opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH,
-                  precision: str = DEFAULT_PRECISION) -> dict:
-    """Everything an export's graphs depend on: the variant's resolved parameters (so a default
-    spelled out is the same export), max_length, the adapted weights, the precision, the code
-    that builds the graphs and the versions of what converts them. `attnserve serve` caches an
-    export under its digest (service.exports.export_path), and the manifest records it.
-    ValueError for a precision the variant cannot take."""
+                  precision: str = DEFAULT_PRECISION, model=None) -> dict:
+    """Everything an export's graphs depend on: the model (its name and the sha256 of its
+    weights; `model` a folder or ModelFolder, None the bundled all-MiniLM-L6-v2), the variant's
+    resolved parameters (so a default spelled out is the same export), max_length, the adapted
+    weights, the precision, the code that builds the graphs and the versions of what converts
+    them. `attnserve serve` caches an export under its digest (service.exports.export_path), and
+    the manifest records it. ValueError for a precision the variant cannot take (ModelError for
+    a folder that is not a supported model)."""
     check_variant_precision(config, precision)
     return at_precision({
+        "model": load_model(model).record,
         "variant": config.variant,
         "parameters": json.loads(json.dumps(config.as_params(), default=str)),
         "max_length": max_length,
@@ -99,37 +102,40 @@ def check_variant_precision(config, precision: str) -> None:
         raise ValueError(f"{config.variant} cannot be exported in {precision}: {refused[precision]}; it takes {takes}")
 
 
-def _encoder_for(variant: str, params: dict, max_length: int, weights=None) -> Encoder:
+def _encoder_for(variant: str, params: dict, max_length: int, weights=None, model=None) -> Encoder:
     """The PyTorch encoder an export of these is traced from: built for inputs padded up to the
     variant's length multiple, since the graph runs on those."""
     multiple = length_multiple(variant, make_config(variant, max_length, **params))
-    return load_encoder(variant, -(-max_length // multiple) * multiple, weights=weights, **params)
+    return load_encoder(variant, -(-max_length // multiple) * multiple, weights=weights, model=model, **params)
 
 
 def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None,
-                 precision: str = DEFAULT_PRECISION, log=print) -> Path:
+                 precision: str = DEFAULT_PRECISION, model=None, log=print) -> Path:
     """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
     model.onnx (+ .data), analysis.onnx and collapse.onnx (+ .data) unless analysis=False,
     tokenizer.json and manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
     them and the manifest records their sha256; `precision` int8 or float16 converts the
-    graphs (export_precision.py). Returns out_dir. Raises ValueError for bad variant/params or
-    a precision the variant cannot take (WeightsError for weights that do not fit) and
+    graphs (export_precision.py); `model` the sentence-transformers folder to export (None: the
+    bundled all-MiniLM-L6-v2). Returns out_dir. Raises ValueError for bad variant/params or
+    a precision the variant cannot take (WeightsError for weights that do not fit, ModelError
+    for a folder that is not a supported model: both before out_dir is written) and
     ExportFailed when the export is not faithful."""
     check_variant_precision(make_config(variant, max_length, **params), precision)
-    encoder = _encoder_for(variant, params, max_length, weights)
+    encoder = _encoder_for(variant, params, max_length, weights, model)
     return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
                           opset=opset, optimize=optimize, max_batch=max_batch, precision=precision, log=log)
 
 
 def cached_export(root, variant: str, params: dict | None, max_length: int, *, analysis: bool = True,
                   verify: bool = True, optimize: bool = False, weights=None, precision: str = DEFAULT_PRECISION,
-                  log=print) -> Path:
+                  model=None, log=print) -> Path:
     """The export of this recipe under root, made first if it is not there yet: in
     root/export_name(recipe), the folder `attnserve serve --models-dir root` looks in, so a
     server can serve straight from the cache. The recipe covers the variant's resolved
     parameters, max_length, weights, the models package's code and the converters' versions,
-    so a change to any of them makes a new export. A lock file per recipe lets processes share
+    so a change to any of them makes a new export; `model` a sentence-transformers folder
+    (None: the bundled all-MiniLM-L6-v2). A lock file per recipe lets processes share
     the folder (pytest-xdist workers, benchmark subprocesses): the first exports into a scratch
     folder renamed into place, the others wait for it and reuse it. `verify` applies to an
     export this call makes."""
@@ -138,9 +144,10 @@ def cached_export(root, variant: str, params: dict | None, max_length: int, *, a
     params = dict(params or {})
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    model = load_model(model)
     recipe = export_recipe(make_config(variant, max_length, **params), max_length,
                            sha256(weights_file(weights)) if weights else None, analysis=analysis, optimize=optimize,
-                           precision=precision)
+                           precision=precision, model=model)
     target = root / export_name(recipe)
     with FileLock(str(target) + ".lock"):
         if not (target / MANIFEST_FILE).is_file():
@@ -148,11 +155,11 @@ def cached_export(root, variant: str, params: dict | None, max_length: int, *, a
             try:
                 if precision == DEFAULT_PRECISION:
                     export_model(variant, params, max_length, scratch, analysis=analysis, verify=verify, optimize=optimize,
-                                 weights=weights, log=log)
+                                 weights=weights, model=model, log=log)
                 else:
                     base = cached_export(root, variant, params, max_length, analysis=analysis, verify=verify,
-                                         optimize=optimize, weights=weights, log=log)
-                    convert_export(base, scratch, precision, _encoder_for(variant, params, max_length, weights),
+                                         optimize=optimize, weights=weights, model=model, log=log)
+                    convert_export(base, scratch, precision, _encoder_for(variant, params, max_length, weights, model),
                                    verify=verify, log=log)
                 try:
                     os.replace(scratch, target)  # replaces a missing or empty folder only
@@ -311,7 +318,7 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
                               "max_length": collapse_length}
         log(f"  rank collapse paths: up to {collapse_length} tokens")
 
-    shutil.copyfile(model_dir() / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
+    shutil.copyfile(encoder.model.dir / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
     weights = getattr(encoder, "weights", None)
     if weights and (Path(weights["dir"]) / META_FILE).is_file():
         # What the weights were trained on travels with the export that serves them.
@@ -319,9 +326,10 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
     files = file_records(out_dir, (*GRAPH_FILES, TOKENIZER_FILE, META_FILE))
     shape = encoder.shape
     recipe = export_recipe(config, max_length, weights["sha256"] if weights else None, analysis=analysis, opset=opset,
-                           optimize=optimize, max_batch=max_batch)
+                           optimize=optimize, max_batch=max_batch, model=encoder.model)
     manifest = Manifest.model_validate({
         "format": FORMAT,
+        "model": encoder.model.describe(),
         "variant": variant,
         "parameters": json.loads(json.dumps(config.as_params())),
         "requested_parameters": json.loads(json.dumps(params or {}, default=str)),
@@ -332,12 +340,13 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
         "hidden_size": shape.hidden_size,
         "num_layers": shape.num_layers,
         "num_heads": shape.num_heads,
-        "layer_variants": layer_variants(config),
+        "layer_variants": layer_variants(config, shape.num_layers),
         "precision": DEFAULT_PRECISION,
         "opset": opset,
         "inputs": {name: {"dtype": "int64", "shape": ["batch", f"sequence ({multiple} * k)"]} for name in INPUT_NAMES},
         "outputs": {
-            "sentence_embedding": {"dtype": "float32", "shape": ["batch", shape.hidden_size], "note": "mean-pooled, L2-normalised"},
+            "sentence_embedding": {"dtype": "float32", "shape": ["batch", shape.hidden_size],
+                                   "note": f"{shape.pooling}-pooled{', L2-normalised' if shape.normalize else ''}"},
             "last_hidden_state": {"dtype": "float32", "shape": ["batch", "sequence", shape.hidden_size]},
             "rank_collapse": {"dtype": "float32", "shape": ["batch", shape.num_layers],
                               "note": "||X - 1 x^T|| / ||X|| per layer over real tokens, sqrt(l1 * linf) norm"},
@@ -372,6 +381,9 @@ def _ort_version() -> str | None:
 
 
 def configure_export(parser) -> None:
+    parser.add_argument("--model", metavar="DIR", help="sentence-transformers folder of a BERT or XLM-RoBERTa model to "
+                        "export (config.json, model.safetensors, tokenizer.json, modules.json; default: the bundled "
+                        "all-MiniLM-L6-v2)")
     parser.add_argument("--variant", required=True, help="attention variant, or a schedule of one per layer such as "
                         "linformer*5,longformer (see `attnserve variants`)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
@@ -396,7 +408,7 @@ def recipe_of(args) -> dict:
     weights = sha256(weights_file(args.weights)) if args.weights else None
     config = make_config(args.variant, args.max_length, **parse_params(args.param))
     return export_recipe(config, args.max_length, weights, analysis=not args.no_analysis, opset=args.opset,
-                         optimize=args.optimize, precision=args.precision)
+                         optimize=args.optimize, precision=args.precision, model=args.model)
 
 
 def export_command(args) -> int:
@@ -408,8 +420,8 @@ def export_command(args) -> int:
             raise ValueError("--out DIR is required: the export directory to write")
         export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
                      verify=not args.no_verify, opset=args.opset, optimize=args.optimize, weights=args.weights,
-                     precision=args.precision)
-    except (ValueError, ExportFailed) as exc:  # WeightsError is a ValueError
+                     precision=args.precision, model=args.model)
+    except (ValueError, ExportFailed) as exc:  # WeightsError and ModelError are ValueErrors
         print(f"attnserve export: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -142,16 +142,22 @@ def full_attention_encoder(encoder: Encoder, capacity: int) -> Encoder:
     return short.eval()
 
 
-def example_inputs(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random token ids (past the special tokens) with the last row's second half padded."""
+def example_inputs(batch: int, length: int, seed: int = 0, vocab_size: int = 30522) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (past the special tokens, inside a vocabulary of vocab_size) with the
+    last row's second half padded."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, 29000, (batch, length), generator=g)
-    ids[:, 0] = 101
+    ids = torch.randint(min(1000, vocab_size // 2), min(29000, vocab_size), (batch, length), generator=g)
+    ids[:, 0] = min(101, vocab_size - 1)
     mask = torch.ones_like(ids)
     if batch > 1:
         mask[-1, max(2, length // 2):] = 0
         ids[-1, max(2, length // 2):] = 0
     return ids, mask
+
+
+def vocab_size(module: nn.Module) -> int:
+    """The vocabulary of the encoder inside `module` (its word embeddings' rows)."""
+    return next(m.num_embeddings for name, m in module.named_modules() if name.endswith("word_embeddings"))
 
 
 def _dynamic_shapes(multiple: int, capacity: int, max_batch: int):
@@ -212,7 +218,7 @@ def export_graph(module: nn.Module, path: Path, output_names: list[str], multipl
 
     blocks = capacity // multiple
     example_len = multiple * (min(blocks, max(2, -(-300 // multiple))) if blocks > 1 else 1)
-    args = example_inputs(2, example_len)
+    args = example_inputs(2, example_len, vocab_size=vocab_size(module))
     t0 = time.perf_counter()
     try:
         with onnx_friendly_attention():

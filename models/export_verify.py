@@ -62,7 +62,7 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
     lowest = 1.0
     for length in lengths:
         for batch in (1, 3):
-            ids, mask = example_inputs(batch, length, seed=length + batch)
+            ids, mask = example_inputs(batch, length, seed=length + batch, vocab_size=encoder.shape.vocab_size)
             with torch.no_grad():
                 emb, hidden = encoder(ids, mask)
             pid, pm = pad_to(ids.numpy(), mask.numpy(), multiple)

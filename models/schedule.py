@@ -82,9 +82,16 @@ class ScheduleConfig:
         return out
 
     def per_layer(self, num_layers: int) -> list:
-        if num_layers != len(self.layers):
-            raise ValueError(f"schedule {self.variant} is for {len(self.layers)} layers, the model has {num_layers}")
-        return [self.configs[name] for name in self.layers]
+        """Each layer's config in a model of num_layers layers: the schedule's unit repeated
+        (ValueError naming the schedule and the model's layer count where it does not divide it)."""
+        layers = self.layers
+        if num_layers != len(layers):
+            try:
+                layers = parse_schedule(self.variant, num_layers=num_layers)
+            except ValueError:
+                raise ValueError(f"schedule {self.variant} does not fit the model's {num_layers} layers: write one whose "
+                                 f"layer count is {num_layers} or divides it") from None
+        return [self.configs[name] for name in layers]
 
     @property
     def position_period(self) -> int:
@@ -105,13 +112,14 @@ class ScheduleConfig:
 def distinct_configs(config) -> list:
     """Each distinct variant's config of a variant's or a schedule's config, in layer order."""
     seen: dict[str, object] = {}
-    for layer in config.per_layer(NUM_LAYERS):
+    for layer in config.per_layer(len(getattr(config, "layers", ())) or NUM_LAYERS):
         seen.setdefault(layer.variant, layer)
     return list(seen.values())
 
 
-def layer_variants(config) -> list[str]:
-    return [layer.variant for layer in config.per_layer(NUM_LAYERS)]
+def layer_variants(config, num_layers: int = NUM_LAYERS) -> list[str]:
+    """The variant each of a model's num_layers layers runs."""
+    return [layer.variant for layer in config.per_layer(num_layers)]
 
 
 # Schedules the README measures: the learned variants in layers 0-4 with longformer in layer 5,

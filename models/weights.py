@@ -4,9 +4,12 @@ A weights directory DIR holds:
 
     weights.safetensors   only the trained tensors, keyed by their LongContextEncoder.state_dict()
                           names (e.g. layers.0.attention.E); a tensor tied under two names (linformer
-                          sharing='kv') is stored once, under its first name
+                          sharing='kv') is stored once, under its first name; its metadata names
+                          the model (model_name, model_sha256)
     adapt.json            what was trained: at least "variant", "parameters" (the variant config),
-                          "max_length", plus the trainer's own facts
+                          "max_length", "model" (the name and weights sha256 of the model the
+                          weights were trained on; none: the bundled all-MiniLM-L6-v2), plus
+                          the trainer's own facts
 
 A variant's position tables (Attention.position_tables: a row per token position) are stored
 with the rows training reached and load into an encoder of any max_length: the rows both
@@ -34,12 +37,13 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 # The file names, the error and the existence check are the export format's (torch-free:
 # serving names exports by the weights' sha256).
 from attnserve.service.contract.export_format import META_FILE, WEIGHTS_FILE, WeightsError, param_arg, sha256, weights_file
+from attnserve.service.contract.model_folder import describe_record
 
 __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
            "weights_file"]
@@ -83,7 +87,9 @@ def save_weights(encoder: torch.nn.Module, out_dir, names, position_rows: int = 
             tensor = tensor[..., :position_rows, :]
         tensors[name] = tensor.detach().clone().contiguous()
     path = out_dir / WEIGHTS_FILE
-    save_file(tensors, str(path))
+    model = getattr(encoder, "model", None)
+    # The model the tensors belong to travels in the file too (adapt.json says it as well).
+    save_file(tensors, str(path), metadata={"model_name": model.name, "model_sha256": model.sha256} if model else None)
     return sha256(path)
 
 
@@ -126,13 +132,33 @@ def trained_layers(meta: dict | None, variant: str) -> list[int] | None:
     return [i for i, (a, b) in enumerate(zip(trained, layers)) if a == b]
 
 
-def check_weights_dir(weights_dir, variant: str) -> dict | None:
+def file_model(path) -> dict | None:
+    """The model weights.safetensors' metadata names (save_weights writes it), None where it
+    names none or cannot be read (load_weights then says what is wrong with the file)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError):
+        return None
+    if not metadata.get("model_sha256"):
+        return None
+    return {"name": metadata.get("model_name", "?"), "sha256": metadata["model_sha256"]}
+
+
+def check_weights_dir(weights_dir, variant: str, model=None) -> dict | None:
     """The directory holds weights.safetensors and, when it has an adapt.json, was trained for
-    `variant` or for a variant some layer of the `variant` schedule runs; returns that
-    adapt.json (None without one). WeightsError otherwise."""
+    `variant` or for a variant some layer of the `variant` schedule runs, and on `model` (a
+    ModelFolder; adapt.json's "model", else weights.safetensors' metadata's, else the bundled
+    all-MiniLM-L6-v2 where an adapt.json names none);
+    returns that adapt.json (None without one). WeightsError otherwise."""
     weights_dir = Path(weights_dir)
     weights_file(weights_dir)
     meta = read_meta(weights_dir)
+    trained_on = (meta or {}).get("model") or file_model(weights_dir / WEIGHTS_FILE)
+    if model is not None and (meta is not None or trained_on) and not model.same_as(trained_on):
+        raise WeightsError(f"weights in {weights_dir} were trained for the model {describe_record(trained_on)}, "
+                           f"not {describe_record(model.record)} ({model.dir}); serve them with the model they were "
+                           f"trained for (--model), or adapt this model (see {weights_dir / META_FILE})")
     if trained_layers(meta, variant) == []:
         trained_for = meta.get("variant")
         raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
@@ -160,7 +186,7 @@ def load_weights(encoder: torch.nn.Module, weights_dir, any_parameters: bool = F
     shapes it does not have; nothing is copied in then."""
     weights_dir = Path(weights_dir)
     variant = encoder.attention_config.variant
-    meta = check_weights_dir(weights_dir, variant)
+    meta = check_weights_dir(weights_dir, variant, getattr(encoder, "model", None))
     mismatch = {} if any_parameters else parameter_mismatch(meta, encoder.attention_config)
     if mismatch:
         flags = " ".join(f"--param {param_arg(key, trained)}" for key, (trained, _) in mismatch.items())

@@ -18,7 +18,7 @@ from attnserve.service.context import LearnedPooling
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
-from attnserve.service.contract.pooling import Pooling
+from attnserve.service.contract.pooling import Pooling, default_pooling
 from attnserve.service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
 from attnserve.service.routes import attention, chunks, collapse, embed, explorer, install_deployment_schema, meta, openai
 from attnserve.service.settings import VERSION, Settings
@@ -64,6 +64,14 @@ def load_heads(settings: Settings, runner: Runner):
     return heads
 
 
+def deployment_pooling(settings: Settings, runner: Runner) -> str:
+    """The pooling mode served: --pooling where it is set, else the export's default (the
+    model's own where it is cls or lasttoken: contract.pooling.default_pooling)."""
+    if "pooling" in settings.model_fields_set:
+        return settings.pooling
+    return default_pooling(getattr(runner, "manifest", None))
+
+
 def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None, heads=False) -> FastAPI:
     """The service. `runner` (a service.backend.Runner), `tokenizer_path` and `heads` (context
     heads, or None for none) are for tests and `attnserve serve`; by default all come from the
@@ -90,7 +98,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             max_queued_tokens=settings.max_queued_tokens,
             by_length=settings.batch_order == "length",
             pooling=LearnedPooling(context_heads) if settings.pooling == "learned"
-            else Pooling(settings.pooling, settings.opening_weight, settings.opening_tokens),
+            else Pooling(deployment_pooling(settings, runner), settings.opening_weight, settings.opening_tokens),
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
@@ -107,7 +115,8 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
         warm_ids = np.array([[tokenizer.cls_id, tokenizer.sep_id]], dtype=np.int64)
         await asyncio.to_thread(runner.embed, warm_ids, np.ones_like(warm_ids))
         await batcher.start()
-        log.info("serving %s (max_length %d, %s pooling) on %s", runner.variant, max_length, settings.pooling, runner.provider)
+        log.info("serving %s (max_length %d, %s pooling) on %s", runner.variant, max_length,
+                 app.state.service.pooling.mode, runner.provider)
         try:
             yield
         finally:

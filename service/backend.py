@@ -62,13 +62,17 @@ class Backend:
     def __init__(self, runner: Runner, pooling: Pooling | None = None):
         self.runner = runner
         self.pooling = pooling or Pooling()
+        # How the graph's own sentence_embedding is pooled: the model's pooling (manifest.json's
+        # model; older exports: the bundled model's mean, normalised).
+        model = (getattr(runner, "manifest", None) or {}).get("model") or {}
+        self.graph_pooling, self.graph_normalizes = model.get("pooling", "mean"), bool(model.get("normalize", True))
 
     def embed(self, ids: np.ndarray, mask: np.ndarray, normalize: bool = True, query: bool = False) -> np.ndarray:
         """(B, hidden) float32, each input pooled as the deployment's pooling says (queries:
-        its pooling for queries). Mean pooling, normalised, is the graph's own output and needs
-        no token vectors."""
+        its pooling for queries). The model's own pooling, normalised, is the graph's own output
+        and needs no token vectors."""
         pooling = self.pooling.for_queries if query else self.pooling
-        if pooling.mode == "mean" and normalize:
+        if pooling.mode == self.graph_pooling and normalize and self.graph_normalizes:
             return self.runner.embed(ids, mask).astype(np.float32, copy=False)
         return np.stack(self.reduce(ids, mask, [lambda hidden: pooling(hidden, normalize=normalize)] * len(ids)))
 

@@ -18,14 +18,15 @@ import numpy as np
 from attnserve.service.backend import Backend
 from attnserve.service.batching import default_batch_tokens, pad
 from attnserve.service.contract.export_format import TOKENIZER_FILE
-from attnserve.service.contract.pooling import DEFAULT_POOLING, Pooling
+from attnserve.service.contract.pooling import Pooling, default_pooling
 from attnserve.service.packing import length_batches
 from attnserve.service.runtime import OnnxRunner
 from attnserve.service.tokenizer import TextTokenizer
 
 
 class Embedder:
-    """One export, loaded in this process. `pooling` defaults to the server's default pooling;
+    """One export, loaded in this process. `pooling` defaults to the server's default pooling
+    (the model's own where it is cls or lasttoken);
     `threads` are ONNX Runtime's intra-op threads (0: its default); `max_batch_tokens` bounds a
     batch's padded tokens (0: the server's default for the provider that runs) and `max_batch`
     its inputs. A text over the export's max_length raises InputTooLong unless truncate=True."""
@@ -34,7 +35,7 @@ class Embedder:
                  max_batch_tokens: int = 0, max_batch: int = 32):
         self.runner = OnnxRunner(export_dir, providers=providers, intra_op_threads=threads)
         self.tokenizer = TextTokenizer(Path(export_dir) / TOKENIZER_FILE, self.runner.max_length)
-        self.backend = Backend(self.runner, pooling or Pooling(DEFAULT_POOLING))
+        self.backend = Backend(self.runner, pooling or Pooling(default_pooling(self.runner.manifest)))
         self.max_batch_tokens = max_batch_tokens or default_batch_tokens(self.runner.provider)
         self.max_batch = min(max_batch, self.runner.max_batch)
 

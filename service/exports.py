@@ -26,6 +26,7 @@ from pathlib import Path
 from attnserve.service.contract.export_format import (  # noqa: F401 - WeightsError, WEIGHTS_FILE, META_FILE: this module's API
     DEFAULT_PRECISION, META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg,
     read_manifest, sha256, weights_file)
+from attnserve.service.contract.model_folder import DEFAULT_MODEL_NAME, describe_record, read_model_folder
 from attnserve.service.contract.schedule import canonical_schedule, schedule_slug
 from attnserve.service.settings import Settings
 
@@ -48,9 +49,17 @@ def weights_sha256(settings: Settings) -> str | None:
     return sha256(weights_file(settings.weights)) if settings.weights is not None else None
 
 
+def model_record(settings: Settings) -> dict | None:
+    """The name and weights sha256 of the model folder --model names (ModelError, a ValueError
+    naming the file, for one that is not a supported model); None without --model."""
+    return read_model_folder(settings.model).record if settings.model is not None else None
+
+
 def exporter_args(settings: Settings) -> list[str]:
     """The `attnserve export` arguments (less --out) that make the export these settings serve."""
     args = ["--variant", settings.variant, "--max-length", str(settings.max_length)]
+    if settings.model is not None:
+        args += ["--model", str(settings.model)]
     for key, value in settings.params.items():
         args += ["--param", param_arg(key, value)]
     if settings.precision != DEFAULT_PRECISION:
@@ -72,6 +81,7 @@ def settings_recipe(settings: Settings) -> dict:
     if importlib.util.find_spec("torch") is None:
         raise ImportError("No module named 'torch'")
     weights_sha256(settings)  # a missing weights file is refused here, as WeightsError
+    model_record(settings)  # and a folder that is no supported model, as ModelError
     result = subprocess.run([*EXPORTER, *exporter_args(settings), "--print-recipe"], capture_output=True, text=True)
     if result.returncode != 0:
         raise ValueError(_exporter_error(result))
@@ -103,9 +113,17 @@ def export_path(settings: Settings) -> Path:
 
 
 def check_export_fits(target: Path, settings: Settings) -> None:
-    """An export given by export_dir must hold the weights --weights names, and be of the
-    precision --precision names where one is named (a name under models_dir holds both by
-    construction)."""
+    """An export given by export_dir must be of the model --model names, hold the weights
+    --weights names, and be of the precision --precision names where one is named (a name
+    under models_dir holds all three by construction)."""
+    wanted = model_record(settings)
+    if wanted is not None:
+        made = read_manifest(target).model
+        if made is None or made.sha256 != wanted["sha256"]:
+            made_of = describe_record(made.model_dump() if made else None)
+            raise ExportError(f"{target / 'manifest.json'}: exported from the model {made_of}, not {describe_record(wanted)} "
+                              f"({settings.model}); export that model there with `attnserve export --model {settings.model}` "
+                              f"or leave out export_dir")
     precision = read_manifest(target).precision if "precision" in settings.model_fields_set else settings.precision
     if precision != settings.precision:
         raise ExportError(f"{target / 'manifest.json'}: exported in {precision}, not {settings.precision}; export it in "
@@ -183,6 +201,7 @@ def ensure_export(settings: Settings) -> Path:
 def export_command(settings: Settings) -> str:
     """The `attnserve export` command line that makes the export these settings serve, into DIR."""
     params = "".join(f" --param {param_arg(key, value)}" for key, value in settings.params.items())
+    params = (f" --model {shlex.quote(str(settings.model))}" if settings.model is not None else "") + params
     weights = f" --weights {settings.weights}" if settings.weights is not None else ""
     precision = f" --precision {settings.precision}" if settings.precision != DEFAULT_PRECISION else ""
     return (f"attnserve export --variant {shlex.quote(settings.variant)}{params} --max-length {settings.max_length}"
@@ -226,7 +245,7 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
         return ""
     path, old = cached[0]
     differ = [key for key in recipe if old.get(key) != recipe[key]]
-    reasons = {"code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
+    reasons = {"model": "another model", "code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
                "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights",
                "precision": "another precision"}
     return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
@@ -242,13 +261,16 @@ def recorded(parameters: dict, key: str, variant: str) -> set[str]:
 
 def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
     """Without torch the variant's defaults are unknown, so the export is found by its
-    manifest: the newest under models_dir with this variant, max_length, weights and this
-    attnserve's code whose parameters agree with every one the settings name."""
-    weights, code = weights_sha256(settings), code_sha256()
+    manifest: the newest under models_dir with this model (--model's weights sha256, or the
+    bundled model), variant, max_length, weights and this attnserve's code whose parameters
+    agree with every one the settings name."""
+    weights, code, model = weights_sha256(settings), code_sha256(), model_record(settings)
     for path, manifest in _cached(settings):
         recipe = manifest.recipe
         parameters = recipe.get("parameters") or {}
-        if (recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
+        made = recipe.get("model") or {"name": DEFAULT_MODEL_NAME}
+        same_model = made.get("sha256") == model["sha256"] if model else made.get("name") == DEFAULT_MODEL_NAME
+        if (same_model and recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
                 and all(recorded(parameters, key, manifest.variant) == {str(value)} for key, value in settings.params.items())):
             log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, manifest.describe())
             check_export_fits(path, settings)

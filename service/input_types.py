@@ -39,11 +39,14 @@ def is_query(input_type: str | None, task: str | None = None) -> bool:
     return "query" in sides.values()
 
 
+QUERY_VECTORS = {"cls": "the [CLS] vector", "lasttoken": "the last token's vector"}
+
+
 def describe(pooling, contextual_context: str) -> dict[str, str]:
     """What each side does in this deployment (/info's input_types)."""
     query = pooling.for_queries.mode
     return {
-        "query": f"{'the [CLS] vector' if query == 'cls' else 'the mean of every token'} at any length, as a short text is "
+        "query": f"{QUERY_VECTORS.get(query, 'the mean of every token')} at any length, as a short text is "
                  "embedded (input_type query or search_query; Jina tasks retrieval.query and code.query)",
         "document": f"pooling {pooling.mode}, as without input_type; chunks sent as one document (late_chunking, "
                     f"/v1/contextualizedembeddings): context {contextual_context} (input_type document, search_document or "

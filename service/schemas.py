@@ -440,14 +440,22 @@ class BatchingLimits(BaseModel):
 
 
 class PoolingInfo(BaseModel):
-    mode: Literal["mean", "cls", "opening", "learned"]
+    mode: Literal["mean", "cls", "lasttoken", "opening", "learned"]
     opening_weight: float | None = Field(None, description="pooling=opening only")
     opening_tokens: int | None = Field(None, description="pooling=opening only")
+
+
+class ModelInfo(BaseModel):
+    name: str = Field(description="the model folder's name (all-MiniLM-L6-v2: the bundled model)")
+    sha256: str = Field(description="sha256 of the model's model.safetensors")
+    pooling: str = Field(description="the model's own pooling (its sentence-transformers Pooling module): mean, cls or lasttoken")
+    normalize: bool = Field(description="whether the model L2-normalises its vectors (a Normalize module)")
 
 
 class InfoResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model_name: str
+    model: ModelInfo | None = Field(None, description="the model the export was made from (null: an export older than this field)")
     variant: str = Field(description="the attention variant, or the schedule (a variant per layer, e.g. linformer*5,longformer)")
     layer_variants: list[str] = Field(description="the variant each layer runs, layer 0 first")
     precision: str = Field(description="of the export's weight matrix products: float32, int8 (CPUs) or float16 (GPUs)")

@@ -15,6 +15,7 @@ from attnserve.service.batching import Timings, TokenBudgetBatcher
 from attnserve.service.context import ContextHeads
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
+from attnserve.service.contract.model_folder import DEFAULT_MODEL_NAME
 from attnserve.service.contract.pooling import Pooling
 from attnserve.service.settings import Settings
 from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
@@ -65,8 +66,19 @@ class ServiceState:
         return self.runner.variant
 
     @property
+    def model(self) -> dict | None:
+        """The model the export was made from (manifest.json's model: name, sha256, pooling,
+        normalize); None for an export older than the record."""
+        return self.manifest.get("model")
+
+    @property
     def model_name(self) -> str:
-        return self.settings.model_name or f"attnserve-{self.variant}"
+        """What /info and /v1/embeddings call the model: --model-name, else attnserve-VARIANT
+        for the bundled all-MiniLM-L6-v2 and attnserve-VARIANT-MODEL for another model."""
+        if self.settings.model_name:
+            return self.settings.model_name
+        name = (self.model or {}).get("name", DEFAULT_MODEL_NAME)
+        return f"attnserve-{self.variant}" if name == DEFAULT_MODEL_NAME else f"attnserve-{self.variant}-{name}"
 
     @property
     def num_layers(self) -> int:

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from attnserve.service.errors import ServiceError
 from attnserve.service.contract.export_format import ExportError
+from attnserve.service.contract.model_folder import wrapping_ids
 
 
 class InputTooLong(ServiceError):
@@ -97,8 +98,13 @@ class TextTokenizer:
         self._tokenizer.no_padding()
         self.max_length = max_length
         self.vocab_size = self._tokenizer.get_vocab_size()
-        self.cls_id = self._tokenizer.token_to_id("[CLS]")
-        self.sep_id = self._tokenizer.token_to_id("[SEP]")
+        # The special tokens the post-processor wraps a text in: [CLS] and [SEP] for BERT, <s>
+        # and </s> for XLM-RoBERTa (read from the tokenizer, never assumed).
+        wrapping = wrapping_ids(self._tokenizer)
+        if wrapping is None:
+            raise ExportError(f"{self.path}: its post-processor adds fewer than two special tokens to a text; attnserve "
+                              f"serves models whose tokenizer wraps each text in two ([CLS] ... [SEP] or <s> ... </s>)")
+        self.cls_id, self.sep_id = wrapping
         # Texts longer than this many characters are tokenized a prefix at a time (0: never).
         self.prefix_chars = max_length * _PREFIX_CHARS_PER_TOKEN if _prefix_is_exact(self._tokenizer) else 0
 

@@ -44,6 +44,8 @@ def test_adapt_writes_weights_record_and_plot(adapted):
     meta = json.loads((out / "adapt.json").read_text())
     assert meta == json.loads(json.dumps(record))
     assert meta["variant"] == "linformer" and meta["parameters"]["k"] == 32 and meta["max_length"] == MAX_LENGTH
+    # The model the weights belong to (models/weights.py refuses them on another).
+    assert meta["model"]["name"] == "all-MiniLM-L6-v2" and len(meta["model"]["sha256"]) == 64
     assert meta["steps"] == 6 and len(meta["curve"]["loss"]) == 6
     # Scored before training and after every step (eval_seconds=0): best is the max of those.
     scores = meta["curve"]["held_out"]

@@ -38,6 +38,7 @@ class SlotWeights(NamedTuple):
 # How tokens past the 512 learned positions get a position (LongEmbed, Zhu et al. 2024; see
 # models.encoder.Embeddings for the definitions).
 POSITION_SCHEMES = ("recurrent", "grouped", "interpolated", "learned")
+DEFAULT_POSITION_PERIOD = 512
 
 
 @dataclasses.dataclass
@@ -51,8 +52,8 @@ class AttentionConfig:
         positions to documents of up to 512 tokens. "learned": row i mod 512 plus, for tokens
         past 512 only, a learned offset per row (zero until `attnserve adapt variant --stage long`
         trains it; 512 x hidden parameters whatever max_length is).
-    position_period: the recurrent scheme's period; 512 tiles the pretrained table
-        (Longformer's choice), 256 restarts it in every 256-token block (what chunked
+    position_period: the recurrent scheme's period; 512 (the default) tiles the pretrained
+        table, whatever its rows (all-MiniLM's 512, bge-m3's 8,192: Longformer's choice), 256 restarts it in every 256-token block (what chunked
         embedding does).
     attention_scaling: multiply every layer's queries by max(1, log n / log 512) (LongEmbed's
         inference-time scaling), which keeps the attention entropy of a long document near
@@ -60,7 +61,7 @@ class AttentionConfig:
     """
 
     variant: ClassVar[str] = ""
-    position_period: int = 512
+    position_period: int = DEFAULT_POSITION_PERIOD
     positions: str = "recurrent"
     attention_scaling: bool = False
 

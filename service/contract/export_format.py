@@ -122,10 +122,20 @@ class WeightsRecord(_Record):
     tensors: int | None = None
 
 
+class ModelRecord(_Record):
+    """The model an export was made from (contract.model_folder.ModelFolder.describe): its
+    name and the sha256 of its weights, its pooling and whether it normalises."""
+    name: str
+    sha256: str
+    pooling: str = "mean"
+    normalize: bool = True
+
+
 class Manifest(_Record):
     """manifest.json, typed. `recipe` is everything the graphs depend on (the export is cached
     under its digest, `recipe_sha256`); `files` maps every file of the export to its size and hash."""
     format: str = FORMAT
+    model: ModelRecord | None = None  # older exports: none (the bundled all-MiniLM-L6-v2, mean-pooled, normalised)
     variant: str
     parameters: dict[str, Any] = {}
     requested_parameters: dict[str, Any] = {}

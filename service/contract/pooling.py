@@ -18,16 +18,24 @@ from typing import Sequence
 
 import numpy as np
 
-POOLING_MODES = ("mean", "cls", "opening")
+POOLING_MODES = ("mean", "cls", "lasttoken", "opening")
 DEFAULT_POOLING = "opening"  # what a deployment pools by unless told otherwise (serve's --pooling)
+
+
+def default_pooling(manifest: dict | None) -> str:
+    """What a deployment of an export pools by unless told otherwise: the model's own pooling
+    (manifest.json's model) where it is cls or lasttoken, since opening mixes means, which only
+    a mean-pooled model was trained for; DEFAULT_POOLING otherwise."""
+    model = (manifest or {}).get("model") or {}
+    return model["pooling"] if model.get("pooling") in ("cls", "lasttoken") else DEFAULT_POOLING
 
 
 @dataclass(frozen=True)
 class Pooling:
     """How a deployment turns token vectors into one vector.
 
-    mean: mean of every token (what all-MiniLM-L6-v2 was trained with); cls: the [CLS] token's
-    vector; opening: opening_weight x the mean of the document's first late chunk (its first
+    mean: mean of every token (what all-MiniLM-L6-v2 was trained with); cls: the first token's
+    vector ([CLS] or <s>); lasttoken: the last token's ([SEP] or </s>); opening: opening_weight x the mean of the document's first late chunk (its first
     opening_tokens document tokens, [CLS] with them) + (1 - opening_weight) x the mean of all,
     each L2-normalised first. A document's opening often says what it is about, the rest holds
     its details; a document that fits in one such chunk gets its mean vector.
@@ -49,12 +57,14 @@ class Pooling:
     def for_queries(self) -> "Pooling":
         """The pooling a query gets (input_type query): what a short text gets under this mode,
         whatever the query's length: the [CLS] vector for cls, the mean of every token otherwise."""
-        return self if self.mode in ("mean", "cls") else Pooling("mean")
+        return self if self.mode in ("mean", "cls", "lasttoken") else Pooling("mean")
 
     def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
         """(d,) vector of one document."""
         if self.mode == "cls":
             vector = hidden[0]
+        elif self.mode == "lasttoken":
+            vector = hidden[-1]
         elif self.mode == "opening" and len(hidden) > self.opening_tokens + 2:
             # The opening is the first chunk of token_chunks(..., opening_tokens): [CLS] and the
             # first opening_tokens document tokens. A shorter document is all opening: its mean.

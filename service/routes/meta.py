@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from attnserve.service.input_types import describe as describe_input_types
 from attnserve.service.routes import TEI_ERRORS
-from attnserve.service.schemas import BatchingLimits, HealthResponse, InfoResponse, PoolingInfo
+from attnserve.service.schemas import BatchingLimits, HealthResponse, InfoResponse, ModelInfo, PoolingInfo
 from attnserve.service.settings import VERSION
 from attnserve.service.state import ServiceState, get_service
 
@@ -34,6 +34,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
     manifest, s = service.manifest, service.settings
     return InfoResponse(
         model_name=service.model_name,
+        model=ModelInfo.model_validate(service.model) if service.model else None,
         variant=service.variant,
         layer_variants=service.layer_variants,
         precision=service.runner.precision,

@@ -1,0 +1,96 @@
+"""Tiny random sentence-transformers folders, built locally (nothing downloaded): a BERT one
+with the bundled MiniLM's WordPiece tokenizer, and an XLM-RoBERTa one with a small Unigram
+tokenizer (<s> ... </s>) trained here on the dev documents. transformers' save_pretrained
+writes config.json and model.safetensors; the sentence-transformers files (modules.json,
+1_Pooling/config.json, sentence_bert_config.json) are written as sentence-transformers saves
+them. Seeded, so a folder's weights (and the export cache's key) are the same every run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+HIDDEN, LAYERS, HEADS, INTERMEDIATE = 32, 2, 4, 64
+MAX_SEQ_LENGTH = 128
+BERT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def write_sentence_transformers_files(folder: Path, pooling: str, normalize: bool) -> None:
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    flags = {"pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
+             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+             "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": pooling == "lasttoken",
+             "include_prompt": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": HIDDEN, **flags}, indent=2))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}))
+
+
+def bert_folder(folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 0) -> Path:
+    """A random 2-layer BertModel (hidden 32, 4 heads, 512 positions) with MiniLM's tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from attnserve.models.pretrained import model_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = BertConfig(vocab_size=30522, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        intermediate_size=INTERMEDIATE, max_position_embeddings=512, type_vocab_size=2)
+    torch.manual_seed(seed)
+    BertModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
+    for name in BERT_TOKENIZER_FILES:
+        shutil.copyfile(model_dir() / name, folder / name)
+    write_sentence_transformers_files(folder, pooling, normalize)
+    return folder
+
+
+def unigram_tokenizer(folder: Path) -> int:
+    """Train a small Unigram tokenizer wrapping texts in <s> ... </s> (XLM-RoBERTa's
+    specials: <s> 0, <pad> 1, </s> 2, <unk> 3) on the dev documents and save it with
+    transformers' PreTrainedTokenizerFast (tokenizer.json, tokenizer_config.json). Returns its
+    vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    trainer = trainers.UnigramTrainer(vocab_size=800, special_tokens=specials, unk_token="<unk>", show_progress=False)
+    tokenizer.train_from_iterator([row["text"] for row in read_jsonl(DEV_DOCUMENTS)[:40]], trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", cls_token="<s>", sep_token="</s>")
+    fast.save_pretrained(folder)
+    return tokenizer.get_vocab_size()
+
+
+def xlm_roberta_folder(folder: Path, pooling: str = "cls", normalize: bool = True, seed: int = 1) -> Path:
+    """A random 2-layer XLMRobertaModel (hidden 32, 4 heads, 514 positions from offset 2, one
+    token type) with a Unigram tokenizer."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = unigram_tokenizer(folder)
+    config = XLMRobertaConfig(vocab_size=vocab, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                              intermediate_size=INTERMEDIATE, max_position_embeddings=514, type_vocab_size=1,
+                              pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(seed)
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
+    write_sentence_transformers_files(folder, pooling, normalize)
+    return folder
+
+
+def sentence_transformers_vectors(folder: Path, texts: list[str]):
+    """What sentence-transformers computes for `texts` with the folder (its own modules)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(texts, convert_to_tensor=True)
