@@ -52,8 +52,7 @@ RUN if ls /wheels/torch-*.whl >/dev/null 2>&1; then \
 COPY --from=requirements /req/ /req/
 RUN pip install --find-links /wheels -r /req/runtime.txt -r /req/export.txt
 COPY pyproject.toml ./
-COPY models ./models
-COPY service ./service
+COPY src ./src
 RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-deps .
 # The adapted weights the repository ships (README "Using adapted weights"), for WEIGHTS below.
 COPY weights ./weights
@@ -81,8 +80,7 @@ RUN pip install -r /req/runtime.txt \
     && (useradd --system --create-home --uid 10001 --shell /usr/sbin/nologin attnserve \
         || useradd --create-home --uid 10001 attnserve)
 COPY pyproject.toml ./
-COPY models ./models
-COPY service ./service
+COPY src ./src
 RUN (test -f README.md || echo "# attnserve" > README.md) && pip install --no-deps . \
     && rm -rf /src/build /src/*.egg-info
 ARG VARIANT=longformer

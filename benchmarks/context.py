@@ -46,8 +46,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def quality_rows(docs, heads: dict[str, dict]) -> list[dict]:
     """One row per representation: (label, kind, summary MRR, needle MRR)."""
-    from attnserve.models.context_train import doc_scores, mrr
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.train.context_train import doc_scores, mrr
+    from attnserve.contract.pooling import Pooling
 
     queries = torch.stack([d.query for d in docs])
     needles = torch.stack([d.needle for d in docs])
@@ -83,11 +83,11 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
     """Median seconds per document of each representation, interleaved."""
     from tqdm import tqdm
 
-    from attnserve.models.context_cache import CacheWriter, naive_chunk_ids
+    from attnserve.train.context_cache import CacheWriter, naive_chunk_ids
     from attnserve.models.documents import read_jsonl
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
     from attnserve.service.context import ContextHeads
-    from attnserve.service.contract.pooling import Pooling, pool_chunks
+    from attnserve.contract.pooling import Pooling, pool_chunks
 
     recipe = meta["recipe"]
     export_dir = cached_export(models_dir, recipe["variant"], recipe["parameters"], recipe["max_length"])
@@ -132,10 +132,10 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
 def bench_context_command(args) -> int:
     from tqdm import tqdm
 
-    from attnserve.models.context_cache import CacheError, load_cache
-    from attnserve.models.context_files import load_heads
-    from attnserve.models.context_train import Document
-    from attnserve.service.contract.context_format import ContextHeadError
+    from attnserve.train.context_cache import CacheError, load_cache
+    from attnserve.train.context_files import load_heads
+    from attnserve.train.context_train import Document
+    from attnserve.contract.context_format import ContextHeadError
 
     try:
         heads = {Path(d).name: load_heads(d) for d in args.heads}

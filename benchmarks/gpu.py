@@ -183,7 +183,7 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     from torch import nn
 
     from attnserve.models.encoder import BertShape, LongContextEncoder
-    from attnserve.models.export import length_multiple
+    from attnserve.export.exporter import length_multiple
     from attnserve.models.registry import make_config
 
     class SeededEncoder(LongContextEncoder):
@@ -215,7 +215,7 @@ def stand_in_model(tokenizer_dir: str, seed: int, shape):
     from: the seeded random weights, named by their seed, with the stand-in tokenizer."""
     import dataclasses
 
-    from attnserve.service.contract.model_folder import ModelFolder
+    from attnserve.contract.model_folder import ModelFolder
 
     facts = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)}
     return ModelFolder(dir=Path(tokenizer_dir), name=f"seeded-random-{seed}", sha256=f"seeded random, seed {seed}, std {INIT_STD}",
@@ -244,8 +244,8 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     the same models code (its sha256), already in out_dir is reused."""
     import torch
 
-    from attnserve.models import export
-    from attnserve.service.contract.export_format import ExportError, code_sha256, read_manifest
+    from attnserve.export import exporter as export
+    from attnserve.contract.export_format import ExportError, code_sha256, read_manifest
 
     out = Path(out_dir)
     stamp = {"variant": variant, "max_length": max_length, "seed": seed, "weights": f"seeded random, std {INIT_STD}",
@@ -576,7 +576,7 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
 
 def _run_padded(session, ids, mask, export_dir: Path):
     """sentence_embedding from a bare session, inputs padded to the export's granule as the runner pads them."""
-    from attnserve.service.contract.export_format import pad_to, read_manifest
+    from attnserve.contract.export_format import pad_to, read_manifest
 
     manifest = read_manifest(export_dir)
     pid, pm = pad_to(ids, mask, manifest.length_multiple, manifest.min_length)

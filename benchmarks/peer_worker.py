@@ -38,7 +38,7 @@ def load(system: str, model_dir: str, threads: int):
         model = TextEmbedding("sentence-transformers/all-MiniLM-L6-v2", specific_model_path=model_dir, threads=threads)
         return lambda texts: np.stack(list(model.embed(texts, batch_size=32)))
     if system == "attnserve":
-        from attnserve.service.contract.pooling import Pooling
+        from attnserve.contract.pooling import Pooling
         from attnserve.service.embedder import Embedder
 
         embedder = Embedder(model_dir, pooling=Pooling("mean"), threads=threads)

@@ -4,7 +4,7 @@ One run, interleaved: the same all-MiniLM-L6-v2 embeds the same texts through
   - attnserve over HTTP (`attnserve serve` on 127.0.0.1, the clients in this process), and the
     same server filling batches in arrival order (--batch-order arrival) for what grouping by
     length buys;
-  - attnserve in process (service/embedder.py's Embedder over the same export);
+  - attnserve in process (src/attnserve/service/embedder.py's Embedder over the same export);
   - sentence-transformers (PyTorch) on the bundled model folder, in a process of its own;
   - fastembed (ONNX Runtime) in a virtual environment of its own (it brings onnxruntime, which
     must not sit beside onnxruntime-gpu), on a folder holding the bundled model's tokenizer and

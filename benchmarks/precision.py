@@ -1,7 +1,7 @@
 """Precision beside float32: `attnserve bench runtime --precision` and `bench quality --precision`.
 
 Runtime: each variant exported at float32 and at each precision asked for (int8 and float16
-exports are converted from the float32 one, models/export_precision.py), then at each length
+exports are converted from the float32 one, src/attnserve/export/precision.py), then at each length
 one forward of the same random tokens through OnnxRunner per precision, in rounds (every
 precision once per round, so a slow phase of a shared machine hits them alike); the speedup is
 float32's median over the precision's. In the same rounds runs the ceiling: float32's graph with
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.service.batching import pad
-from attnserve.service.contract.export_format import DEFAULT_PRECISION, PRECISIONS, pad_to
+from attnserve.contract.export_format import DEFAULT_PRECISION, PRECISIONS, pad_to
 from benchmarks.timing import interleaved_samples
 
 
@@ -46,12 +46,12 @@ def random_tokens(length: int, seed: int = 0):
 
 
 def products_free(graph: Path, out: Path) -> Path:
-    """`graph` (float32) with every weight product (export_precision.weight_products) replaced
+    """`graph` (float32) with every weight product (attnserve.export.precision.weight_products) replaced
     by a copy of its input cut or tiled to the product's width: the same graph around free
     products, whose outputs mean nothing. Timing only."""
     from onnx import helper, numpy_helper
 
-    from attnserve.models.export_precision import _folded, rewrite_products
+    from attnserve.export.precision import _folded, rewrite_products
 
     def copied(node, weight, model):
         din, dout = weight.dims
@@ -76,7 +76,7 @@ def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: in
     graph with free weight products, products_free)."""
     import torch
 
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()

@@ -36,12 +36,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnserve.models.context_cache import naive_chunk_ids
+from attnserve.train.context_cache import naive_chunk_ids
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
-from attnserve.service.contract.export_format import DEFAULT_PRECISION, parse_param
-from attnserve.service.contract.model_folder import wrapping_ids
-from attnserve.service.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
+from attnserve.contract.export_format import DEFAULT_PRECISION, parse_param
+from attnserve.contract.model_folder import wrapping_ids
+from attnserve.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
            "documents", "summary_mrr", "summary_r1", "needle_mrr", "needle_r1", "seconds_per_doc", "cosine_to_full_512"]
@@ -168,7 +168,7 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
     if precision == DEFAULT_PRECISION:
         encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     else:
-        from attnserve.models.export import cached_export
+        from attnserve.export.exporter import cached_export
         from benchmarks.precision import ExportedEncoder
 
         # With its attention maps: the export `attnserve serve --precision` makes, so it serves the one scored here.
@@ -226,7 +226,7 @@ def layer_row(variant: str, params: dict, encodings, args, teacher, weights_dir=
     """The cosine to the teacher with only layer i the variant's, per layer: full attention on
     the first 512 tokens, or with --by-layer-against the teacher's variant on whole documents."""
     from attnserve.models import load_encoder
-    from attnserve.models.adapt import layer_cosines
+    from attnserve.train.adapt import layer_cosines
 
     encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     ids = [e.ids for e in encodings] if args.by_layer_against else first_tokens(encodings, 512)

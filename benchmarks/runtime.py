@@ -12,7 +12,7 @@ which is why exports have a separate analysis graph).
 
 With --short-inputs it times short texts instead (16 and 128 tokens by default) through
 OnnxRunner on every variant, as a latency ratio to full, all variants in the same rounds: a
-variant exact on them runs its export's short graph (models/export.py); the others run their
+variant exact on them runs its export's short graph (src/attnserve/export/exporter.py); the others run their
 own graph padded to its granule. Variants with a short graph are also timed on their main
 graph alone, which is what an export without the short graph runs.
 
@@ -82,7 +82,7 @@ def _export(variant: str, max_length: int, root: Path, optimize: bool, log, para
     """The export of `variant` (with `params`) under root, reused when root already holds one of
     the same recipe (--exports-dir keeps them between runs; `attnserve serve --models-dir` finds
     them too)."""
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
 
     return cached_export(root, variant, params or {}, max_length, analysis=False, optimize=optimize, log=log)
 
@@ -102,7 +102,7 @@ def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) 
     """Memory ONNX Runtime's CPU Attention op needs for a variant that scores every query
     against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
     scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
-    from attnserve.models.export import HEADS_PER_NODE
+    from attnserve.export.exporter import HEADS_PER_NODE
     from attnserve.models.registry import dense_keys
 
     keys = dense_keys(config, length)
@@ -114,7 +114,7 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
     """Eager PyTorch and ONNX Runtime times of each variant at each length; params: {variant:
     its parameters} for those not run at their defaults."""
     from attnserve.models import load_encoder
-    from attnserve.models.export import length_multiple
+    from attnserve.export.exporter import length_multiple
     from attnserve.models.registry import make_config
     from attnserve.service.runtime import OnnxRunner
 
@@ -191,7 +191,7 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     padded main-graph call, ONNX Runtime's spinning threads slow whatever runs next). Rows:
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
-    from attnserve.models.export import short_graph_length
+    from attnserve.export.exporter import short_graph_length
     from attnserve.models.registry import exact_up_to, make_config
     from attnserve.service.runtime import OnnxRunner
 
@@ -288,7 +288,7 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     from torch import nn
 
     from attnserve.models import load_encoder
-    from attnserve.models.export import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, export_graph, ort_session,
+    from attnserve.export.exporter import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, export_graph, ort_session,
                                analysis_layout, length_multiple, pad_to)
     from attnserve.models.registry import make_config
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
-from attnserve.service.contract.export_format import parse_params
+from attnserve.contract.export_format import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = DEV_DOCUMENTS

@@ -1,7 +1,7 @@
 """The suite's one export cache, shared by every test, pytest-xdist worker and subprocess the
 tests start, and kept between runs: ATTNSERVE_TEST_EXPORTS, by default
 ~/.cache/attnserve/test-exports. Each export sits in the folder named after its recipe
-(attnserve.models.export.cached_export: variant, resolved parameters, max_length, weights, the
+(attnserve.export.exporter.cached_export: variant, resolved parameters, max_length, weights, the
 models package's code, converters' versions), so a change to the model code exports anew and
 `attnserve serve --models-dir EXPORTS_ROOT` serves a cached export as it is. A lock per recipe
 makes concurrent workers wait for one export instead of each making it (30-90 s on 2 cores).
@@ -32,7 +32,7 @@ def export_path(variant: str, max_length: int, *, analysis: bool = True, params:
     ONNX Runtime with PyTorch themselves, so the export-time check is skipped."""
     import torch
 
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
 
     torch.set_num_threads(2)
     return cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=analysis, verify=False, log=lambda message: None)
@@ -42,7 +42,7 @@ def get_export(variant: str, max_length: int, analysis: bool = False, **params):
     """(export_dir, encoder): the cached export and a PyTorch encoder of the same recipe (loads
     are deterministic: tests/test_encoder.py::test_two_loads_are_identical)."""
     from attnserve.models import load_encoder
-    from attnserve.models.export import length_multiple
+    from attnserve.export.exporter import length_multiple
     from attnserve.models.registry import make_config
 
     analysis = analysis or (variant, max_length) == (SHARED_VARIANT, SHARED_MAX_LENGTH)

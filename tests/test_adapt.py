@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnserve.models import load_encoder
-from attnserve.models.adapt import Plan, adapt, trainable
+from attnserve.train.adapt import Plan, adapt, trainable
 from attnserve.models.registry import build_attention, make_config
 from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
 
@@ -44,7 +44,7 @@ def test_adapt_writes_weights_record_and_plot(adapted):
     meta = json.loads((out / "adapt.json").read_text())
     assert meta == json.loads(json.dumps(record))
     assert meta["variant"] == "linformer" and meta["parameters"]["k"] == 32 and meta["max_length"] == MAX_LENGTH
-    # The model the weights belong to (models/weights.py refuses them on another).
+    # The model the weights belong to (src/attnserve/models/weights.py refuses them on another).
     assert meta["model"]["name"] == "all-MiniLM-L6-v2" and len(meta["model"]["sha256"]) == 64
     assert meta["steps"] == 6 and len(meta["curve"]["loss"]) == 6
     # Scored before training and after every step (eval_seconds=0): best is the max of those.
@@ -65,7 +65,7 @@ def test_layer_cosines_put_the_error_on_the_layer_that_differs():
     layer 2 scores what the whole student does."""
     import copy
 
-    from attnserve.models.adapt import layer_cosines
+    from attnserve.train.adapt import layer_cosines
 
     teacher = load_encoder("full", 512)
     ids = [teacher.tokenize([r["text"]])[0][:300] for r in read_jsonl(TRAIN_DOCUMENTS, limit=5)]
@@ -96,7 +96,7 @@ def test_adapted_export_matches_pytorch(adapted, tmp_path):
     import onnxruntime as ort
 
     from attnserve.models.api import pad_batch
-    from attnserve.models.export import export_model
+    from attnserve.export.exporter import export_model
 
     out, _ = adapted
     export_model("linformer", {"k": 32}, MAX_LENGTH, tmp_path, analysis=False, weights=out, log=lambda *a: None)
@@ -220,7 +220,7 @@ def test_long_stage_needs_learned_positions_and_a_long_window(train_file, tmp_pa
 
 
 def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
-    from attnserve.models.adapt import late_chunks, max_chunk_scores
+    from attnserve.train.adapt import late_chunks, max_chunk_scores
 
     hidden = torch.randn(2, 1 + 10, 4, generator=torch.Generator().manual_seed(0))
     mask = torch.ones(2, 11, dtype=torch.long)
@@ -238,13 +238,13 @@ def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
 def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
     from pathlib import Path
 
-    from attnserve.service.contract.export_format import sha256
+    from attnserve.contract.export_format import sha256
 
     presets = sorted((Path(__file__).resolve().parents[1] / "weights").glob("*/adapt.json"))
     assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}
     for path in presets:
         meta = json.loads(path.read_text())
-        # The bundled kernel pages, or them with the Debian manuals of benchmarks.training_docs
+        # The bundled kernel pages, or them with the Debian manuals of attnserve.train.training_docs
         # (the README's commands): never the dev set's man pages.
         assert meta["data"]["file"] in {"data/longdocs-train.jsonl.gz", "train-mix.jsonl.gz"}, path
         assert meta["held_out"]["after"] >= meta["held_out"]["before"]

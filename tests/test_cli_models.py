@@ -169,7 +169,8 @@ def test_bench_quality_writes_table_csv_and_plot(tmp_path):
 
 def test_the_wheel_installs_the_product_packages_and_no_benchmarks(tmp_path):
     """The wheel, built from the checkout's files as a fresh clone has them (no stale build/),
-    holds attnserve.models and attnserve.service only: benchmarks/ stays in the source tree."""
+    holds the packages of src/attnserve/ (found, not listed) and the explorer's page; benchmarks/
+    stays in the source tree."""
     import shutil
     import zipfile
 
@@ -186,8 +187,9 @@ def test_the_wheel_installs_the_product_packages_and_no_benchmarks(tmp_path):
     (wheel,) = (tmp_path / "w").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"attnserve", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    assert {n.split("/")[1] for n in names if n.startswith("attnserve/")} == {"models", "service"}
-    assert "attnserve/models/export.py" in names and "attnserve/service/app.py" in names
+    assert {n.split("/")[1] for n in names if n.startswith("attnserve/")} == {"__init__.py", "contract", "models", "export", "train", "service"}
+    assert {"attnserve/export/exporter.py", "attnserve/train/adapt.py", "attnserve/service/app.py",
+            "attnserve/contract/model_folder.py", "attnserve/service/static/explorer/index.html"} <= set(names)
     for module in ("runtime", "encoder", "quality", "service", "memory", "flops", "timing"):
         assert not any(n.endswith(f"/benchmarks/{module}.py") for n in names), module
     assert not any(n.endswith(("bench_runtime.py", "/flops.py", "/timing.py", "/memory.py")) for n in names)

@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from http_fakes import FakeRunner, tokenizer_json
 from http_server import start_real_server
 
-from attnserve.models.context_cache import load_cache
-from attnserve.models.context_files import PARITY_TOL, load_heads
-from attnserve.models.context_train import Document
+from attnserve.train.context_cache import load_cache
+from attnserve.train.context_files import PARITY_TOL, load_heads
+from attnserve.train.context_train import Document
 from attnserve.service.app import create_app
 from attnserve.service.cli import main
 from attnserve.service.context import ContextHeads
-from attnserve.service.contract.context_format import SPEC_FILE, ContextHeadError, read_spec
+from attnserve.contract.context_format import SPEC_FILE, ContextHeadError, read_spec
 from attnserve.service.settings import Settings
 
 LONG = " ".join(f"Section {i}: the scheduler moves task {i} to queue {i % 7} when its budget runs out." for i in range(50))

@@ -45,7 +45,7 @@ def tables_with_their_lead(body: str) -> list[tuple[str, str]]:
     return found
 
 
-DOCS = ["README.md", "service/README.md"]
+DOCS = ["README.md", "src/attnserve/service/README.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS)

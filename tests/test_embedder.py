@@ -1,4 +1,4 @@
-"""The in-process Embedder (service/embedder.py) over the HTTP tests' export: a batch of mixed
+"""The in-process Embedder (src/attnserve/service/embedder.py) over the HTTP tests' export: a batch of mixed
 lengths, grouped by length, gives each text the vector it gets alone and the server's pooling
 by default; its limits are the export's."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.service.contract.pooling import DEFAULT_POOLING, Pooling
+from attnserve.contract.pooling import DEFAULT_POOLING, Pooling
 from attnserve.service.embedder import Embedder
 from attnserve.service.tokenizer import InputTooLong
 

@@ -6,7 +6,7 @@ import torch
 from discrete_decisions import recorded_orders, replayed_orders
 from attnserve.models import load_encoder, variant_names
 from attnserve.models.api import pad_batch
-from attnserve.models.export_verify import DISCONTINUOUS_MIN_COSINE
+from attnserve.export.verify import DISCONTINUOUS_MIN_COSINE
 from attnserve.models.registry import variant_class
 from benchmarks.memory import measure
 from attnserve.models.pretrained import model_dir

@@ -258,7 +258,7 @@ def test_screenshot(variant, tmp_path):
     else:
         export_dir, _ = get_export(variant, SCREENSHOT_MAX_LENGTH, analysis=True)
     out_dir = ROOT / os.environ["ATTNSERVE_EXPLORER_SCREENSHOTS"] if os.environ.get("ATTNSERVE_EXPLORER_SCREENSHOTS") else tmp_path
-    samples = json.loads((ROOT / "service" / "static" / "explorer" / "samples.json").read_text())["samples"]
+    samples = json.loads((ROOT / "src" / "attnserve" / "service" / "static" / "explorer" / "samples.json").read_text())["samples"]
     proc = start_real_server(export_dir, *SERVER_ARGS)
     driver = open_browser()
     try:

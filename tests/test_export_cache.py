@@ -1,4 +1,4 @@
-"""attnserve.models.export.cached_export: the exporter's cache behind `bench runtime
+"""attnserve.export.exporter.cached_export: the exporter's cache behind `bench runtime
 --exports-dir` and the test suite's shared exports (tests/export_helpers.py)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture
 def fake_exports(monkeypatch):
     """export_model replaced by one that writes a manifest only, slowly, and counts its calls."""
-    from attnserve.models import export
+    from attnserve.export import exporter as export
 
     calls = []
 
@@ -27,7 +27,7 @@ def fake_exports(monkeypatch):
 
 
 def test_one_export_per_recipe_however_many_ask_at_once(tmp_path, fake_exports):
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
 
     got = []
     threads = [threading.Thread(target=lambda: got.append(cached_export(tmp_path, "local", {}, 512, log=None)))
@@ -49,7 +49,7 @@ def test_one_export_per_recipe_however_many_ask_at_once(tmp_path, fake_exports):
 
 def test_the_cache_folder_is_where_serve_looks(tmp_path, fake_exports):
     """`attnserve serve --models-dir ROOT` serves a cached export without exporting again."""
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
     from attnserve.service.exports import export_path
     from attnserve.service.settings import Settings
 
@@ -58,7 +58,7 @@ def test_the_cache_folder_is_where_serve_looks(tmp_path, fake_exports):
 
 
 def test_a_foreign_folder_in_the_way_is_refused_and_kept(tmp_path, fake_exports):
-    from attnserve.models.export import ExportFailed, cached_export, export_recipe, export_name
+    from attnserve.export.exporter import ExportFailed, cached_export, export_recipe, export_name
     from attnserve.models.registry import make_config
 
     target = tmp_path / export_name(export_recipe(make_config("local", 512), 512))

@@ -24,7 +24,7 @@ from discrete_decisions import replayed_orders
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export, padded_batch
 from attnserve.models import variant_names
 from attnserve.models.encoder import rank_collapse_ratio
-from attnserve.models.export import DISCONTINUOUS_MIN_COSINE, cosines, is_discontinuous
+from attnserve.export.exporter import DISCONTINUOUS_MIN_COSINE, cosines, is_discontinuous
 
 LONG = 2050
 CASES = [[77], [1001, 640, 13], [LONG]]

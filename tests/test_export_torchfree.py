@@ -33,7 +33,7 @@ try:
 except ImportError:
     pass
 
-from attnserve.service.contract.pooling import Pooling
+from attnserve.contract.pooling import Pooling
 from attnserve.service.embedder import Embedder
 
 export_dir, texts = sys.argv[1], json.loads(sys.argv[2])

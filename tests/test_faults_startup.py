@@ -67,7 +67,7 @@ def _fake_export(calls: list):
 def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_path, monkeypatch):
     from attnserve.service import exports
     from attnserve.service.exports import ensure_export
-    from attnserve.service.contract.export_format import ExportError
+    from attnserve.contract.export_format import ExportError
     from attnserve.service.settings import Settings
 
     calls: list[Path] = []
@@ -96,7 +96,7 @@ def _recipe_export(calls: list):
     """run_export's part in ensure_export, writing a manifest with the recipe the real export
     records (settings_recipe's) and no graph files."""
     from attnserve.service import exports
-    from attnserve.service.contract.export_format import EMBEDDING_OUTPUTS, FORMAT, Manifest, write_manifest
+    from attnserve.contract.export_format import EMBEDDING_OUTPUTS, FORMAT, Manifest, write_manifest
 
     def run_export(settings, out_dir):
         calls.append((settings.variant, dict(settings.params)))
@@ -149,7 +149,7 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
 def test_ensure_export_never_replaces_a_folder_filled_while_it_exported(tmp_path, monkeypatch):
     from attnserve.service import exports
     from attnserve.service.exports import ensure_export
-    from attnserve.service.contract.export_format import ExportError
+    from attnserve.contract.export_format import ExportError
     from attnserve.service.settings import Settings
 
     target = tmp_path / "export"
@@ -319,7 +319,7 @@ def damaged_copy(export_dir: Path, tmp_path: Path, name: str) -> Path:
 
 def rewrite_manifest_to_match(copy: Path, name: str) -> None:
     """What someone editing both a file and the manifest would leave: the record matches."""
-    from attnserve.service.contract.export_format import sha256
+    from attnserve.contract.export_format import sha256
 
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["files"][name] = {"sha256": sha256(copy / name), "bytes": (copy / name).stat().st_size}

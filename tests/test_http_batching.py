@@ -211,7 +211,7 @@ def test_the_fake_runner_is_a_runner():
 def test_the_backend_pools_what_the_batcher_batches(mode, normalize):
     """Vectors through the batcher are the pooling of each input's own token vectors (padding
     removed), whatever else shares its batch; normalised mean pooling is the graph's output."""
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.pooling import Pooling
 
     pooling = Pooling(mode, opening_weight=0.4, opening_tokens=3)
     inputs = [[101] + [7 + i] * (2 + 3 * i) + [102] for i in range(4)]

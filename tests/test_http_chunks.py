@@ -157,7 +157,7 @@ def test_pooling_setting(mode):
 
 
 def test_default_pooling_is_opening():
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.pooling import Pooling
 
     with make_client() as c:
         assert c.get("/info").json()["pooling"] == {"mode": "opening", "opening_weight": Pooling.opening_weight,

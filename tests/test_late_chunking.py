@@ -111,7 +111,7 @@ def test_python_api_late_chunks(export, texts):
 
 def test_pooling_modes_match_pytorch(export, texts):
     from attnserve.service.app import create_app
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.pooling import Pooling
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.settings import Settings
 

@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from model_folders import HIDDEN, MAX_SEQ_LENGTH, bert_folder, sentence_transformers_vectors, xlm_roberta_folder  # noqa: E402
 from attnserve.models import load_encoder, variant_names  # noqa: E402
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl  # noqa: E402
-from attnserve.service.contract.model_folder import DEFAULT_MODEL_NAME, ModelError, read_model_folder  # noqa: E402
+from attnserve.contract.model_folder import DEFAULT_MODEL_NAME, ModelError, read_model_folder  # noqa: E402
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
 TEXTS = [r["query"] for r in ROWS[:12]] + ["", "a", "Ünïcödé — 漢字 and emoji 🙂 survive too."]
@@ -98,7 +98,7 @@ def test_schedules_repeat_over_the_models_layers(folders):
 def xlmr_export(folders, tmp_path_factory):
     """`attnserve export --model DIR` of longformer over the XLM-RoBERTa folder (the export's own
     check compares ONNX Runtime with PyTorch)."""
-    from attnserve.models.export import main
+    from attnserve.export.exporter import main
 
     out = tmp_path_factory.mktemp("exports") / "xlmr-longformer"
     torch.set_num_threads(2)
@@ -109,7 +109,7 @@ def xlmr_export(folders, tmp_path_factory):
 
 
 def test_the_export_records_the_model(folders, xlmr_export):
-    from attnserve.service.contract.export_format import read_manifest
+    from attnserve.contract.export_format import read_manifest
 
     model = read_model_folder(folders["xlmr-cls"])
     manifest = read_manifest(xlmr_export)
@@ -153,7 +153,7 @@ def test_info_and_embeddings_name_the_model(folders, xlmr_export):
 
 def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tmp_path):
     """The graph's sentence_embedding is the model's: the last token's vector, not normalised."""
-    from attnserve.models.export import export_model
+    from attnserve.export.exporter import export_model
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.tokenizer import TextTokenizer
 
@@ -167,7 +167,7 @@ def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tm
 
 
 def test_serving_passes_the_model_on_and_refuses_an_export_of_another(folders, xlmr_export):
-    from attnserve.service.contract.export_format import ExportError
+    from attnserve.contract.export_format import ExportError
     from attnserve.service.exports import check_export_fits, export_command, exporter_args
     from attnserve.service.settings import Settings
 
@@ -213,7 +213,7 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written(folders, tmp_path, capsys, case):
-    from attnserve.models.export import cached_export, main
+    from attnserve.export.exporter import cached_export, main
 
     change, message = REFUSALS[case]
     folder = broken(folders["bert-mean"], tmp_path, change)
@@ -243,7 +243,7 @@ def test_weights_trained_on_another_model_are_refused_naming_both(folders, tmp_p
     from safetensors.torch import save_file
 
     from attnserve.models.weights import save_weights
-    from attnserve.service.contract.export_format import WeightsError
+    from attnserve.contract.export_format import WeightsError
 
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -271,7 +271,7 @@ def test_adapt_trains_for_the_folder_given_and_its_weights_serve_it_only(folders
 
     from attnserve.models.documents import TRAIN_DOCUMENTS
     from attnserve.service.cli import main
-    from attnserve.service.contract.export_format import WeightsError
+    from attnserve.contract.export_format import WeightsError
 
     data = tmp_path / "train.jsonl.gz"
     with gzip.open(data, "wt") as f:

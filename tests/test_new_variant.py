@@ -23,7 +23,7 @@ def uniform_export(tmp_path_factory):
 
     from attnserve.models import load_encoder, variant_names
     from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights
-    from attnserve.models.export import export_model
+    from attnserve.export.exporter import export_model
     from attnserve.models.registry import register_attention, unregister_attention
 
     shipped = variant_names()
@@ -66,7 +66,7 @@ def test_a_variant_defined_in_a_test_exports_and_serves(uniform_export):
     from fastapi.testclient import TestClient
 
     from attnserve.service.app import create_app
-    from attnserve.service.contract.export_format import read_manifest
+    from attnserve.contract.export_format import read_manifest
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.settings import Settings
 

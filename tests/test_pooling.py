@@ -1,10 +1,10 @@
-"""attnserve.service.contract.pooling on known token vectors: the pooling modes and the chunk boundaries."""
+"""attnserve.contract.pooling on known token vectors: the pooling modes and the chunk boundaries."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnserve.service.contract.pooling import BadSpans, Pooling, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.contract.pooling import BadSpans, Pooling, check_spans, pool_chunks, span_chunks, token_chunks
 
 
 def unit(v):

@@ -21,7 +21,7 @@ TEXT = " ".join(f"word{i % 50} is a token of the test text" for i in range(40)) 
 
 def converted(variant: str, max_length: int, params: dict, precision: str):
     """(converted export, float32 export, PyTorch float32 encoder), checked against PyTorch."""
-    from attnserve.models.export import cached_export
+    from attnserve.export.exporter import cached_export
 
     base, encoder = get_export(variant, max_length, analysis=True, **params)
     export_dir = cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=True, verify=True, precision=precision,
@@ -34,10 +34,10 @@ def converted(variant: str, max_length: int, params: dict, precision: str):
 def test_an_int8_or_float16_export_serves_embeddings_chunks_and_maps(deployment, precision):
     from fastapi.testclient import TestClient
 
-    from attnserve.models.export_precision import MIN_COSINE
+    from attnserve.export.precision import MIN_COSINE
     from attnserve.service.app import create_app
-    from attnserve.service.contract.export_format import read_manifest
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.export_format import read_manifest
+    from attnserve.contract.pooling import Pooling
     from attnserve.service.settings import Settings
 
     variant, max_length, params = DEPLOYMENTS[deployment]
@@ -82,9 +82,9 @@ def graph_contents(path) -> tuple[set[str], set[int]]:
 
 
 def test_the_export_cache_keys_on_precision():
-    from attnserve.models.export import export_recipe
+    from attnserve.export.exporter import export_recipe
     from attnserve.models.registry import make_config
-    from attnserve.service.contract.export_format import export_name, read_manifest
+    from attnserve.contract.export_format import export_name, read_manifest
     from attnserve.service.exports import export_path
     from attnserve.service.settings import Settings
 
@@ -104,7 +104,7 @@ def test_the_export_cache_keys_on_precision():
 
 
 def test_an_export_dir_of_another_precision_is_refused_where_one_is_named():
-    from attnserve.service.contract.export_format import ExportError
+    from attnserve.contract.export_format import ExportError
     from attnserve.service.exports import check_export_fits
     from attnserve.service.settings import Settings
 
@@ -117,8 +117,8 @@ def test_an_export_dir_of_another_precision_is_refused_where_one_is_named():
 def test_float16_keeps_index_arithmetic_in_float32():
     """Linformer turns positions into gather indices through float arithmetic: rounded to
     float16, indices past 2,048 collide (onnxruntime.transformers.float16 fails here)."""
-    from attnserve.models.export import convert_export
-    from attnserve.service.contract.export_format import read_manifest
+    from attnserve.export.exporter import convert_export
+    from attnserve.contract.export_format import read_manifest
 
     base, encoder = get_export("linformer", 2050)
     out = base.parent / f".{base.name}-float16-test"
@@ -134,7 +134,7 @@ def test_float16_keeps_index_arithmetic_in_float32():
 
 def test_a_precision_a_variant_cannot_take_is_exit_2_naming_it(tmp_path, capsys):
     from attnserve.models.cli import variants_table
-    from attnserve.models.export import main
+    from attnserve.export.exporter import main
 
     assert main(["--variant", "lsh", "--precision", "float16", "--out", str(tmp_path / "x")]) == 2
     said = capsys.readouterr().err

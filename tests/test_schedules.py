@@ -1,4 +1,4 @@
-"""Attention schedules, a variant per layer (models/schedule.py): parsing and its errors, the
+"""Attention schedules, a variant per layer (src/attnserve/models/schedule.py): parsing and its errors, the
 parameters of each variant, weights landing only in their variant's layers, and a schedule
 exported with ONNX parity and served, each layer's attention map showing its own pattern."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_a_bad_schedule_is_an_error_naming_the_problem_and_the_valid_forms(text,
 
 def test_a_bad_schedule_is_exit_2_on_the_command_line(capsys):
     from attnserve.models.cli import configure, variants_command
-    from attnserve.models.export import main as export_main
+    from attnserve.export.exporter import main as export_main
 
     assert export_main(["--variant", "local*0,full", "--print-recipe"]) == 2
     assert "count after * must be a positive integer" in capsys.readouterr().err
@@ -50,8 +50,8 @@ def test_a_bad_schedule_is_exit_2_on_the_command_line(capsys):
 
 
 def test_spellings_of_one_schedule_are_one_config_and_a_uniform_one_is_the_plain_variant():
-    from attnserve.models.export import export_recipe
-    from attnserve.service.contract.export_format import export_name
+    from attnserve.export.exporter import export_recipe
+    from attnserve.contract.export_format import export_name
 
     assert make_config("local,local,full", 4096).variant == "local*2,full"
     assert make_config("local*2,full,local,local,full", 4096) == make_config("local,local,full", 4096)
@@ -110,7 +110,7 @@ def exported():
 
 
 def test_a_schedule_exports_with_parity(exported):
-    from attnserve.models.export import EMBEDDING_TOL, length_multiple, ort_session, pad_to
+    from attnserve.export.exporter import EMBEDDING_TOL, length_multiple, ort_session, pad_to
     from export_helpers import padded_batch
 
     export_dir, encoder = exported
@@ -128,7 +128,7 @@ def test_a_served_schedule_shows_each_layer_its_own_pattern(exported):
     from fastapi.testclient import TestClient
 
     from attnserve.service.app import create_app
-    from attnserve.service.contract.pooling import Pooling
+    from attnserve.contract.pooling import Pooling
     from attnserve.service.settings import Settings
 
     export_dir, encoder = exported
@@ -167,7 +167,7 @@ def test_adapt_trains_the_learned_layers_of_a_schedule_and_its_weights_serve_tha
     import gzip
     import json
 
-    from attnserve.models.adapt import Plan, adapt
+    from attnserve.train.adapt import Plan, adapt
     from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
 
     data = tmp_path / "train.jsonl.gz"

@@ -81,7 +81,7 @@ def test_exact_up_to_is_where_the_variant_equals_full_attention(name, params):
 
 
 def test_length_multiples_and_discontinuity_live_on_the_variants():
-    from attnserve.models.export import is_discontinuous, length_multiple
+    from attnserve.export.exporter import is_discontinuous, length_multiple
 
     defaults = {name: length_multiple(name, make_config(name, 16384)) for name in variant_names()}
     assert defaults == {"full": 1, "local": 256, "strided": 256, "global": 32, "longformer": 256, "bigbird": 64,
@@ -94,7 +94,7 @@ def test_length_multiples_and_discontinuity_live_on_the_variants():
 
 def test_which_exports_get_a_short_graph():
     """Only where inputs of more than one granule are exact: padding is then needless."""
-    from attnserve.models.export import short_graph_length
+    from attnserve.export.exporter import short_graph_length
 
     lengths = {name: short_graph_length(make_config(name, 16384), 16384) for name in variant_names()}
     assert lengths == {"full": 0, "local": 257, "strided": 0, "global": 0, "longformer": 258, "bigbird": 320,
@@ -107,7 +107,7 @@ def test_adapted_parameters_that_break_exactness_get_no_short_graph():
     import torch
 
     from attnserve.models import load_encoder
-    from attnserve.models.export import short_graph_length
+    from attnserve.export.exporter import short_graph_length
 
     encoder = load_encoder("linformer", max_length=1024)
     config = encoder.attention_config
@@ -123,7 +123,7 @@ def test_linformers_short_graph_is_verified_against_linformer(tmp_path):
     they differ): linformer at its initial E passes, as exact_up_to claims."""
     import json
 
-    from attnserve.models.export import export_model
+    from attnserve.export.exporter import export_model
 
     export_model("linformer", {}, 512, tmp_path, analysis=False)
     short = json.loads((tmp_path / "manifest.json").read_text())["graphs"]["short"]
@@ -166,7 +166,7 @@ def runner(export):
 def test_the_manifest_lists_the_short_graph(export):
     import onnx
 
-    from attnserve.models.export import EMBEDDING_OUTPUTS, sha256
+    from attnserve.export.exporter import EMBEDDING_OUTPUTS, sha256
 
     export_dir, _ = export
     manifest = json.loads((export_dir / "manifest.json").read_text())

@@ -1,11 +1,13 @@
-"""The import boundary between exporting and serving.
+"""The layout and the import boundary between exporting and serving.
 
-attnserve.models (torch: the encoder, its variants, export) and attnserve.service (numpy and
-ONNX Runtime: serving) meet in one torch-free package, the contract (service/contract/: what an
-export holds and how its outputs become vectors). Nothing under models/ imports service/ but
-that contract; nothing under service/ imports models/ at all, so a serving install never needs
-torch; and the contract imports nothing else of either side. The imports are read from the source (every
-import statement, inside functions too), not from what a run happens to load.
+Every module's import path is its file's path under src/ (attnserve.export.graphs is
+src/attnserve/export/graphs.py). The torch side (attnserve.models: the encoder and its variants;
+attnserve.export: ONNX export; attnserve.train: adaptation) and attnserve.service (numpy and ONNX
+Runtime: serving) meet in one torch-free package, attnserve.contract (what an export holds and how
+its outputs become vectors). Nothing on the torch side imports the service; nothing in the service
+imports the torch side, so a serving install never needs torch; and the contract imports nothing
+else of either. The imports are read from the source (every import statement, inside functions
+too), not from what a run happens to load.
 """
 import ast
 import subprocess
@@ -13,12 +15,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACT = "attnserve.service.contract"
+PACKAGE = ROOT / "src" / "attnserve"
+CONTRACT = "attnserve.contract"
+TORCH_SIDE = ("models", "export", "train")
+PACKAGES = ("contract", *TORCH_SIDE, "service")
 ALLOWED = {"numpy", "pydantic"}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
     return ".".join(("attnserve", *parts))
 
@@ -43,7 +48,7 @@ def imports(path: Path) -> set[str]:
 
 def crossings(source: str, target: str, allowed: set[str]) -> list[str]:
     bad = []
-    for path in sorted((ROOT / source).rglob("*.py")):
+    for path in sorted((PACKAGE / source).rglob("*.py")):
         for name in sorted(imports(path)):
             if (name == target or name.startswith(target + ".")) and name not in allowed and not any(
                     name.startswith(a + ".") for a in allowed):
@@ -51,18 +56,31 @@ def crossings(source: str, target: str, allowed: set[str]) -> list[str]:
     return bad
 
 
-def test_models_import_service_only_through_the_contract():
-    assert (ROOT / "service" / "contract" / "export_format.py").exists()
-    assert crossings("models", "attnserve.service", {CONTRACT}) == []
+def test_every_package_is_a_folder_found_by_setuptools():
+    """The packages are found under src/ (pyproject.toml lists none), and each one is there."""
+    assert 'where = ["src"]' in (ROOT / "pyproject.toml").read_text()
+    found = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert found == sorted(PACKAGES)
+    assert not (ROOT / "models").exists() and not (ROOT / "service").exists()
 
 
-def test_service_never_imports_models():
-    assert crossings("service", "attnserve.models", set()) == []
+def test_the_torch_side_never_imports_the_service():
+    assert (PACKAGE / "contract" / "export_format.py").exists()
+    assert [c for side in TORCH_SIDE for c in crossings(side, "attnserve.service", set())] == []
+
+
+def test_the_service_never_imports_the_torch_side():
+    assert [c for side in TORCH_SIDE for c in crossings("service", f"attnserve.{side}", set())] == []
+
+
+def test_models_never_import_training():
+    """Training builds on the encoder and its export, never the other way round."""
+    assert crossings("models", "attnserve.train", set()) == [] and crossings("export", "attnserve.train", set()) == []
 
 
 def test_the_contract_imports_only_itself_numpy_pydantic_and_the_standard_library():
     outside = []
-    for path in sorted((ROOT / "service" / "contract").rglob("*.py")):
+    for path in sorted((PACKAGE / "contract").rglob("*.py")):
         for name in sorted(imports(path)):
             top = name.split(".")[0]
             if name.startswith(CONTRACT) or top in ALLOWED or top in sys.stdlib_module_names:
@@ -72,21 +90,22 @@ def test_the_contract_imports_only_itself_numpy_pydantic_and_the_standard_librar
 
 
 def test_the_reader_resolves_relative_imports(tmp_path):
-    probe = ROOT / "service" / "routes" / "__init__.py"
+    probe = PACKAGE / "service" / "routes" / "__init__.py"
     assert "attnserve.service.routes" == module_name(probe)
     names = imports(probe)
     assert all(not n.startswith(".") for n in names)
 
 
 def test_every_serving_module_imports_with_torch_blocked():
-    """Each module under service/, imported in a process where torch and attnserve.models
-    cannot be imported at all, as in the torch-free serving image."""
-    modules = sorted(module_name(p) for p in (ROOT / "service").rglob("*.py") if p.name != "__main__.py")
+    """Each module of the service and the contract, imported in a process where torch and the
+    torch side cannot be imported at all, as in the torch-free serving image."""
+    modules = sorted(module_name(p) for d in ("service", "contract") for p in (PACKAGE / d).rglob("*.py")
+                     if p.name != "__main__.py")
     script = f"""
 import importlib, sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "torch" or name.startswith("attnserve.models"):
+        if name.split(".")[0] == "torch" or name.startswith(("attnserve.models", "attnserve.export", "attnserve.train")):
             raise ImportError(name + " is blocked: serving must not need it")
 sys.meta_path.insert(0, Block())
 for name in {modules!r}:
@@ -103,8 +122,7 @@ def test_every_module_imports_first_in_a_fresh_process():
     of attnserve, loads (a cycle such as registry <-> variants shows up only this way). Each
     import runs in a child forked from one process that has loaded the third-party libraries
     (torch alone takes seconds to import) and nothing of attnserve."""
-    modules = sorted(module_name(p) for d in ("models", "service") for p in (ROOT / d).rglob("*.py")
-                     if p.name != "__main__.py")
+    modules = sorted(module_name(p) for d in PACKAGES for p in (PACKAGE / d).rglob("*.py") if p.name != "__main__.py")
     script = """
 import importlib, os, sys, traceback
 for library in ("numpy", "torch", "onnx", "onnxscript", "onnxruntime", "fastapi", "pydantic", "pydantic_settings",

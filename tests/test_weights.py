@@ -16,7 +16,7 @@ from export_helpers import padded_batch
 
 from attnserve.models import load_encoder
 from attnserve.models.weights import META_FILE, WEIGHTS_FILE, WeightsError, load_weights, save_weights
-from attnserve.service.contract.export_format import sha256
+from attnserve.contract.export_format import sha256
 
 VARIANT, OTHER, MAX_LENGTH = "compressed", "linformer", 512
 TEXTS = ["Adapted weights change what the attention reads.", "word " * 300]

