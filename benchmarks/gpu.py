@@ -3,7 +3,7 @@
 
     python benchmarks/gpu.py --out reports/gpu               # on a machine with a GPU (docs/gpu.md)
     python benchmarks/gpu.py --dry-run --out /tmp/gpu-dry    # the same code on the CPU, tiny sizes
-    python benchmarks/gpu.py --tables reports/gpu/gpu.json   # the README's tables from a run
+    python benchmarks/gpu.py --tables reports/gpu/gpu.json   # docs/gpu.md's tables from a run
 
 For each variant (full first: every ratio is to full attention):
 
@@ -26,7 +26,7 @@ pretrained model, and the GPU machine needs no weights package. Needs torch, num
 onnxscript, onnxruntime-gpu, tokenizers and safetensors (imported by models/); tqdm if present.
 
 Writes OUT/gpu.json (every figure; rewritten after each variant, so a run cut short keeps what it
-measured) and prints the markdown tables the README quotes. A benchmark, not a test: numbers
+measured) and prints the markdown tables docs/gpu.md lays out. A benchmark, not a test: numbers
 depend on the machine. --dry-run runs every step on the CPU (CPU provider, bf16 autocast on the
 CPU, two variants, 64 and 128 tokens) so that CI proves the script runs.
 """
@@ -742,7 +742,7 @@ def _mib(value) -> str:
 
 
 def tables(result: dict) -> str:
-    """The README's markdown tables from a run's gpu.json."""
+    """docs/gpu.md's markdown tables from a run's gpu.json."""
     env, settings = result["environment"], result["settings"]
     lengths = settings["lengths"]
     entries = [e for e in result["variants"] if e.get("latency")]

@@ -1,7 +1,7 @@
 """benchmarks/gpu.py --dry-run: every step of the GPU benchmark on the CPU (exports in worker
 processes, PyTorch fp32 and bf16, OnnxRunner with and without IO binding, node placement, the
 batcher's throughput), so that the run a GPU machine gets once is known to work and its JSON
-holds every figure the README's "On a GPU" tables are made from."""
+holds every figure docs/gpu.md's tables are made from."""
 from __future__ import annotations
 
 import json

@@ -122,6 +122,6 @@ def layer_variants(config, num_layers: int = NUM_LAYERS) -> list[str]:
     return [layer.variant for layer in config.per_layer(num_layers)]
 
 
-# Schedules the README measures: the learned variants in layers 0-4 with longformer in layer 5,
+# Schedules docs/results/schedules.md measures: the learned variants in layers 0-4 with longformer in layer 5,
 # where their error sits (`attnserve bench quality --by-layer`), and ModernBERT's pattern.
 PRESETS = ("linformer*5,longformer", "compressed*5,longformer", "sinkhorn*5,longformer", "local,local,full")
