@@ -219,17 +219,22 @@ def test_long_stage_needs_learned_positions_and_a_long_window(train_file, tmp_pa
         adapt(plan)
 
 
-def test_late_chunks_are_the_means_of_consecutive_runs_after_cls():
+def test_late_chunks_train_on_the_chunks_embed_chunks_serves():
+    """One definition of chunk bounds: the training loss's late chunks are /embed_chunks'
+    (contract.pooling.token_chunks, [CLS] in the first chunk, [SEP] in the last)."""
+    from attnserve.contract.pooling import pool_chunks, token_chunks
     from attnserve.train.adapt import late_chunks, max_chunk_scores
 
     hidden = torch.randn(2, 1 + 10, 4, generator=torch.Generator().manual_seed(0))
     mask = torch.ones(2, 11, dtype=torch.long)
-    mask[1, 6:] = 0  # the second document: [CLS] + 5 tokens
+    mask[1, 7:] = 0  # the second document: [CLS] + 5 tokens + [SEP]
     chunks, valid = late_chunks(hidden, mask, chunk_tokens=4)
     assert chunks.shape == (2, 3, 4) and valid.tolist() == [[True, True, True], [True, True, False]]
-    expect = torch.nn.functional.normalize(hidden[1, 5:6].mean(0), dim=0)  # tokens 5 (chunk 2 of doc 1)
-    assert torch.allclose(chunks[1, 1], expect, atol=1e-6)
-    assert torch.allclose(chunks[0, 2], torch.nn.functional.normalize(hidden[0, 9:11].mean(0), dim=0), atol=1e-6)
+    for row, tokens in enumerate((11, 7)):
+        offsets = [(0, 0)] + [(i, i + 1) for i in range(tokens - 2)] + [(0, 0)]
+        served = pool_chunks(hidden[row, :tokens].numpy(), token_chunks(offsets, tokens - 2, 4))
+        assert np.allclose(chunks[row, : len(served)].numpy(), served, atol=1e-6)
+    assert torch.allclose(chunks[1, 1], torch.nn.functional.normalize(hidden[1, 5:7].mean(0), dim=0), atol=1e-6)
     queries = chunks[:, 0]
     scores = max_chunk_scores(queries, chunks, valid)
     assert torch.allclose(scores.diagonal(), torch.ones(2), atol=1e-6)

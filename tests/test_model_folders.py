@@ -45,12 +45,14 @@ def test_full_matches_sentence_transformers(folders, name):
     encoder = load_encoder("full", 512, model=folder)
     assert max(len(ids) for ids in encoder.tokenize(TEXTS)) <= MAX_SEQ_LENGTH  # sentence-transformers cuts there
     reference = sentence_transformers_vectors(folder, TEXTS)
-    ours = encoder.embed(TEXTS)
+    ours = encoder.embed(TEXTS, normalize=encoder.shape.normalize)
     assert ours.shape == (len(TEXTS), HIDDEN)
     assert (ours - reference).abs().max() <= 1e-4
     _, pooling, normalize = FOLDERS[name]
     assert (encoder.shape.pooling, encoder.shape.normalize) == (pooling, normalize)
     assert torch.allclose(ours.norm(dim=1), torch.ones(len(TEXTS))) == normalize
+    # By default the vectors /embed gives: the same, L2-normalised.
+    assert (encoder.embed(TEXTS) - torch.nn.functional.normalize(reference, dim=1)).abs().max() <= 1e-4
 
 
 def test_the_folder_sentence_transformers_saves_reads_the_same(folders, tmp_path):

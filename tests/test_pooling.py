@@ -62,3 +62,14 @@ def test_span_chunks():
     with pytest.raises(BadSpans, match="holds no token"):
         span_chunks(offsets, check_spans([[0, 2], [2, 3]], 14))
     assert span_chunks(offsets[:3] + [(0, 0)], check_spans([[0, 5], [6, 14]], 14), truncated=True)[-1].end == 5
+
+
+def test_python_and_http_share_one_default_pooling():
+    """A deployment (default_pooling of its manifest) and the Python API (pooling_for the
+    model's own pooling) pool alike: opening for a mean-pooled model, its own cls or lasttoken."""
+    from attnserve.contract.pooling import DEFAULT_POOLING, default_pooling, pooling_for
+
+    for own, expected in (("mean", DEFAULT_POOLING), ("cls", "cls"), ("lasttoken", "lasttoken"), (None, DEFAULT_POOLING)):
+        assert pooling_for(own) == default_pooling({"model": {"pooling": own}}) == expected
+    opening = Pooling("opening", opening_tokens=4)
+    assert [opening.applied_mode(n) for n in (5, 6, 7)] == ["mean", "mean", "opening"]

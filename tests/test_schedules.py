@@ -128,7 +128,6 @@ def test_a_served_schedule_shows_each_layer_its_own_pattern(exported):
     from fastapi.testclient import TestClient
 
     from attnserve.service.app import create_app
-    from attnserve.contract.pooling import Pooling
     from attnserve.service.settings import Settings
 
     export_dir, encoder = exported
@@ -136,7 +135,7 @@ def test_a_served_schedule_shows_each_layer_its_own_pattern(exported):
     with TestClient(create_app(Settings(export_dir=export_dir, max_length=MAX_LENGTH))) as client:
         info = client.get("/info").json()
         assert info["variant"] == "local,full" and info["layer_variants"] == ["local", "full"] * 3
-        expected = encoder.embed([text], Pooling(Settings().pooling)).numpy()
+        expected = encoder.embed([text]).numpy()
         served = np.array(client.post("/embed", json={"inputs": text}).json())
         assert np.abs(served - expected).max() <= 1e-4
         maps = {}

@@ -26,8 +26,13 @@ def default_pooling(manifest: dict | None) -> str:
     """What a deployment of an export pools by unless told otherwise: the model's own pooling
     (manifest.json's model) where it is cls or lasttoken, since opening mixes means, which only
     a mean-pooled model was trained for; DEFAULT_POOLING otherwise."""
-    model = (manifest or {}).get("model") or {}
-    return model["pooling"] if model.get("pooling") in ("cls", "lasttoken") else DEFAULT_POOLING
+    return pooling_for(((manifest or {}).get("model") or {}).get("pooling"))
+
+
+def pooling_for(model_pooling: str | None) -> str:
+    """The default pooling of a model pooled by `model_pooling` (its 1_Pooling mode): the
+    same for a deployment (default_pooling) and for the Python API (Encoder.embed)."""
+    return model_pooling if model_pooling in ("cls", "lasttoken") else DEFAULT_POOLING
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,19 @@ class Pooling:
         whatever the query's length: the [CLS] vector for cls, the mean of every token otherwise."""
         return self if self.mode in ("mean", "cls", "lasttoken") else Pooling("mean")
 
+    def applied_mode(self, tokens: int) -> str:
+        """The mode a text of this many tokens ([CLS] and [SEP] included) is pooled by: opening
+        is the mean for a text that fits in its opening."""
+        return "mean" if self.mode == "opening" and tokens <= self.opening_tokens + 2 else self.mode
+
     def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
         """(d,) vector of one document."""
-        if self.mode == "cls":
+        mode = self.applied_mode(len(hidden))
+        if mode == "cls":
             vector = hidden[0]
-        elif self.mode == "lasttoken":
+        elif mode == "lasttoken":
             vector = hidden[-1]
-        elif self.mode == "opening" and len(hidden) > self.opening_tokens + 2:
+        elif mode == "opening":
             # The opening is the first chunk of token_chunks(..., opening_tokens): [CLS] and the
             # first opening_tokens document tokens. A shorter document is all opening: its mean.
             head = l2_normalize(hidden[: self.opening_tokens + 1].mean(0))
@@ -129,31 +140,39 @@ def token_chunks(offsets: Sequence[tuple[int, int]], text_length: int, chunk_tok
     overlap_tokens tokens. Character ranges cover the text in order, from 0 to its end (to the
     last kept token's end when the document was truncated): without overlap each chunk ends
     where the next one starts."""
+    n = len(offsets)
+    ranges = token_ranges(n, chunk_tokens, overlap_tokens)
+    text_end = offsets[n - 2][1] if truncated and n > 2 else text_length
+    chunks = []
+    for i, (first, stop) in enumerate(ranges):
+        start = 0 if i == 0 else offsets[first][0]
+        if i == len(ranges) - 1:
+            end = text_end
+        elif overlap_tokens == 0:
+            end = offsets[ranges[i + 1][0]][0]
+        else:
+            end = offsets[stop - 1][1]
+        chunks.append(ChunkBounds(first, stop, start, end))
+    return chunks
+
+
+def token_ranges(tokens: int, chunk_tokens: int, overlap_tokens: int = 0) -> list[tuple[int, int]]:
+    """[first, stop) token ranges of the fixed-size chunks of a text of `tokens` tokens, [CLS]
+    and [SEP] included: runs of chunk_tokens document tokens starting every chunk_tokens -
+    overlap_tokens tokens, [CLS] in the first and [SEP] in the last. The one definition of chunk
+    bounds: serving (token_chunks) and training (train.adapt.late_chunks) both cut here."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1 (got {chunk_tokens})")
     if not 0 <= overlap_tokens < chunk_tokens:
         raise ValueError(f"overlap_tokens must be in 0..chunk_tokens - 1 = {chunk_tokens - 1} (got {overlap_tokens})")
-    n = len(offsets)
-    content = n - 2  # document tokens between [CLS] and [SEP]
-    text_end = offsets[n - 2][1] if truncated and content > 0 else text_length
+    content = tokens - 2  # document tokens between [CLS] and [SEP]
     if content <= 0:
-        return [ChunkBounds(0, n, 0, text_end)]
-    step = chunk_tokens - overlap_tokens
-    starts = list(range(0, max(content - overlap_tokens, 1), step))
-    chunks = []
-    for i, s in enumerate(starts):
-        e = min(s + chunk_tokens, content)
-        last = i == len(starts) - 1
-        first_token, stop_token = 1 + s, 1 + e
-        start = 0 if i == 0 else offsets[first_token][0]
-        if last:
-            end = text_end
-        elif overlap_tokens == 0:
-            end = offsets[1 + starts[i + 1]][0]
-        else:
-            end = offsets[stop_token - 1][1]
-        chunks.append(ChunkBounds(0 if i == 0 else first_token, n if last else stop_token, start, end))
-    return chunks
+        return [(0, tokens)]
+    starts = range(0, max(content - overlap_tokens, 1), chunk_tokens - overlap_tokens)
+    ranges = [(1 + s, 1 + min(s + chunk_tokens, content)) for s in starts]
+    ranges[0] = (0, ranges[0][1])
+    ranges[-1] = (ranges[-1][0], tokens)
+    return ranges
 
 
 def span_chunks(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], truncated: bool = False) -> list[ChunkBounds]:

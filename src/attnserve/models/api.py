@@ -12,7 +12,7 @@ from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
 from attnserve.contract.model_folder import wrapping_ids
-from attnserve.contract.pooling import Pooling, check_spans, pool_chunks, span_chunks, token_chunks
+from attnserve.contract.pooling import Pooling, check_spans, pooling_for, pool_chunks, span_chunks, token_chunks
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
 # alone, short ones many at a time.
@@ -54,21 +54,34 @@ class Encoder(LongContextEncoder):
         included, cut at max_length tokens."""
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
+    @property
+    def default_pooling(self) -> Pooling:
+        """What embed() pools by unless told otherwise: what a deployment of this model pools by
+        (contract.pooling.pooling_for: opening for a mean-pooled model, the model's own cls or
+        lasttoken otherwise), so embed() gives the vectors /embed gives."""
+        return Pooling(pooling_for(self.shape.pooling))
+
     @torch.no_grad()
-    def embed(self, texts: list[str], pooling: Pooling | None = None) -> torch.Tensor:
-        """(n, hidden) embeddings as sentence-transformers computes them for the model (its
-        pooling, L2-normalised where it has a Normalize module) unless `pooling` says otherwise
-        (see service.pooling.Pooling). A text longer than
-        max_length tokens is cut to its first max_length tokens; an empty text gets the
-        embedding of the empty document ([CLS] [SEP])."""
+    def embed(self, texts: list[str], pooling: Pooling | None = None, normalize: bool = True, query: bool = False) -> torch.Tensor:
+        """(n, hidden) embeddings, the vectors /embed gives: pooled by `pooling` (None: the
+        default_pooling; see contract.pooling.Pooling), by its pooling for queries where `query`
+        (/embed's input_type query), L2-normalised unless normalize is False. A text that fits in
+        the opening (and any text under the model's own pooling) gets what sentence-transformers
+        gives the model (normalize=encoder.shape.normalize: with or without its Normalize
+        module). A text longer than max_length tokens is cut to its first max_length tokens; an
+        empty text gets the embedding of the empty document ([CLS] [SEP])."""
         ids = self.tokenize(texts)
-        if pooling is None or (pooling.mode == self.shape.pooling and self.shape.normalize):
-            return self.embed_ids(ids)
-        return torch.stack([torch.from_numpy(pooling(hidden)) for hidden in self.token_states(ids)])
+        pooling = pooling or self.default_pooling
+        pooling = pooling.for_queries if query else pooling
+        if normalize == self.shape.normalize and all(pooling.applied_mode(len(i)) == self.shape.pooling for i in ids):
+            return self.embed_ids(ids)  # the graph's own pooled output: no token vectors needed
+        return torch.stack([torch.from_numpy(pooling(hidden, normalize)) for hidden in self.token_states(ids)])
 
     @torch.no_grad()
     def embed_ids(self, ids: list[list[int]]) -> torch.Tensor:
-        """embed() of token id lists ([CLS] ... [SEP] each, at most max_length long)."""
+        """Vectors of token id lists ([CLS] ... [SEP] each, at most max_length long) as
+        sentence-transformers computes them: the model's own pooling, L2-normalised where the
+        model has a Normalize module."""
         out = torch.empty(len(ids), self.shape.hidden_size)
         for batch in self._batches(ids):
             input_ids, mask = pad_batch([ids[i] for i in batch])

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from attnserve.models.documents import TRAIN_DOCUMENTS
+from attnserve.contract.pooling import token_ranges
 
 STAGES = ("distill", "long")
 DISTILL_LOSSES = ("layer-local", "end-to-end")
@@ -333,13 +334,16 @@ class LongText:
 
 
 def late_chunks(hidden: torch.Tensor, mask: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS):
-    """(B, C, hidden) L2-normalised means of consecutive chunk_tokens-token runs after [CLS]
-    (the last chunk of each document keeps its [SEP]), and which chunks hold any token (B, C)."""
-    x, real = hidden[:, 1:], mask[:, 1:, None].to(hidden.dtype)
-    pad = (-x.shape[1]) % chunk_tokens
-    x = torch.nn.functional.pad(x * real, (0, 0, 0, pad)).view(x.shape[0], -1, chunk_tokens, x.shape[2])
-    counts = torch.nn.functional.pad(real, (0, 0, 0, pad)).view(x.shape[0], -1, chunk_tokens).sum(2)
-    means = x.sum(2) / counts.clamp(min=1)[..., None]
+    """(B, C, hidden) L2-normalised chunk means of each document (its real tokens: mask), cut as
+    /embed_chunks cuts them (contract.pooling.token_ranges: [CLS] in the first chunk, [SEP] in
+    the last), and which chunks exist (B, C)."""
+    ranges = [token_ranges(int(n), chunk_tokens) for n in mask.sum(1)]
+    member = torch.zeros(hidden.shape[0], max(map(len, ranges)), hidden.shape[1], dtype=hidden.dtype)
+    for row, chunks in enumerate(ranges):
+        for index, (first, stop) in enumerate(chunks):
+            member[row, index, first:stop] = 1.0
+    counts = member.sum(2)
+    means = (member @ hidden) / counts.clamp(min=1)[..., None]
     return torch.nn.functional.normalize(means, dim=-1), counts > 0
 
 
