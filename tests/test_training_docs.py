@@ -48,7 +48,7 @@ def build_deb(tmp_path: Path, files: dict[str, str], name: str = PACKAGE) -> Pat
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnserve.train.training_docs", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", "docs", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -1,4 +1,5 @@
-"""Training (`attnserve adapt ...`): adapt.py distills what a variant adds, context_cache.py runs
-the frozen encoder once over documents, context_train.py learns context heads on that cache
-(context_heads.py, context_files.py), training_docs.py builds training documents from Debian
-documentation packages."""
+"""Training, the `attnserve adapt` verb: adapt.py distills what a variant adds (`adapt variant`),
+context_cache.py runs the frozen encoder once over documents (`adapt cache`), context_train.py
+learns context heads on that cache (`adapt train`; context_heads.py, context_files.py),
+training_docs.py builds training documents from Debian documentation packages (`adapt docs`).
+Nothing here is served: the service imports none of it."""

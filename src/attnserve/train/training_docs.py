@@ -1,10 +1,10 @@
 """Long-document training sets from Debian documentation packages, in the dev set's format.
 
-Run from the repository root:
+Run on Debian (apt-get and dpkg):
 
-    python -m attnserve.train.training_docs --out /tmp/trainsets/docs.jsonl.gz
-    python -m attnserve.train.training_docs --packages postgresql-doc-15,rust-doc --limit 200 --out FILE.jsonl
-    python -m attnserve.train.training_docs --deb ./some-doc_1.0_all.deb --out FILE.jsonl
+    attnserve adapt docs --out /tmp/trainsets/docs.jsonl.gz
+    attnserve adapt docs --packages postgresql-doc-15,rust-doc --limit 200 --out FILE.jsonl
+    attnserve adapt docs --deb ./some-doc_1.0_all.deb --out FILE.jsonl
 
 Each package is fetched with `apt-get download` (Debian's own registry; nothing else is ever
 fetched) into --cache, unpacked with `dpkg -x`, and its HTML pages (and titled plain-text,
@@ -616,9 +616,7 @@ def build(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnserve.train.training_docs", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def configure(parser) -> None:
     parser.add_argument("--packages", help=f"comma-separated Debian documentation packages (default: {','.join(DEFAULT_PACKAGES)}; "
                                            f"none when only --deb is given)")
     parser.add_argument("--deb", action="append", default=[], metavar="PATH", help="a local .deb to use instead of downloading (repeatable)")
@@ -630,16 +628,26 @@ def main(argv=None) -> int:
                         help="JSONL whose documents' text must not reach training (repeatable; default: the dev set, "
                              "data/longdocs-dev.jsonl.gz; --held-out '' for none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (needles are seeded by id)")
-    args = parser.parse_args(argv)
-    if args.limit < 0:
-        parser.error("--limit must be 0 (all pages) or more")
-    if args.min_words < NEEDLE_FROM + NEEDLE_WORDS:
-        parser.error(f"--min-words must be at least {NEEDLE_FROM + NEEDLE_WORDS}: the needle is 30 words past word 600")
+
+
+def docs_command(args) -> int:
+    """`attnserve adapt docs`: exit 2 with what to change on a user's error."""
     try:
+        if args.limit < 0:
+            raise UserError("--limit must be 0 (all pages) or more")
+        if args.min_words < NEEDLE_FROM + NEEDLE_WORDS:
+            raise UserError(f"--min-words must be at least {NEEDLE_FROM + NEEDLE_WORDS}: the needle is 30 words past word 600")
         return build(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="attnserve adapt docs", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(parser)
+    return docs_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
