@@ -36,12 +36,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnserve.train.context_cache import naive_chunk_ids
 from attnserve.models.quality import first_sentence, passage, scores
 from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
 from attnserve.contract.export_format import DEFAULT_PRECISION, parse_param
 from attnserve.contract.model_folder import wrapping_ids
-from attnserve.contract.pooling import POOLING_MODES, Pooling, pool_chunks, token_chunks
+from attnserve.contract.pooling import POOLING_MODES, Pooling, naive_chunk_ids, pool_chunks, token_chunks
 
 COLUMNS = ["system", "variant", "params", "pooling", "representation", "max_length", "chunk_tokens", "overlap_tokens",
            "documents", "summary_mrr", "summary_r1", "needle_mrr", "needle_r1", "seconds_per_doc", "cosine_to_full_512"]

@@ -53,7 +53,7 @@ def texts(export):
 
 def test_embed_chunks_from_onnx_equals_pytorch(client, export, texts):
     _, encoder = export
-    expected = encoder.embed_chunks(texts, chunk_tokens=256, overlap_tokens=32)
+    expected = encoder.embed_chunks(texts, chunk_tokens=256, overlap_tokens=32, context="late")
     batched = client.post("/embed_chunks", json={"inputs": texts, "chunk_tokens": 256, "overlap_tokens": 32, "context": "late"})
     assert batched.status_code == 200, batched.text
     assert [len(c) for c in expected] == [1, 7, 23]
@@ -63,6 +63,12 @@ def test_embed_chunks_from_onnx_equals_pytorch(client, export, texts):
             assert [(c["start"], c["end"]) for c in answer] == [(c.start, c.end) for c in want]
             diff = np.abs(np.array([c["embedding"] for c in answer]) - np.stack([c.embedding.numpy() for c in want])).max()
             assert diff <= 1e-4, (index, diff)
+    # The default context, the Python API's and the server's alike: each chunk embedded alone.
+    naive = encoder.embed_chunks(texts[1:], chunk_tokens=256, overlap_tokens=32)
+    served = client.post("/embed_chunks", json={"inputs": texts[1:], "chunk_tokens": 256, "overlap_tokens": 32}).json()
+    for want, got in zip(naive, served):
+        assert [(c["start"], c["end"]) for c in got] == [(c.start, c.end) for c in want]
+        assert np.abs(np.array([c["embedding"] for c in got]) - np.stack([c.embedding.numpy() for c in want])).max() <= 1e-4
 
 
 def test_one_chunk_is_the_embed_vector(client, texts):
@@ -80,7 +86,7 @@ def test_spans_from_onnx_equal_pytorch(client, export, texts):
     text = texts[1]
     cuts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "." and i + 1 < len(text)][::6] + [len(text)]
     spans = [[a, b] for a, b in zip(cuts, cuts[1:]) if text[a:b].strip()]
-    (want,) = encoder.embed_chunks([text], spans=[spans])
+    (want,) = encoder.embed_chunks([text], spans=[spans], context="late")
     (got,) = client.post("/embed_chunks", json={"inputs": text, "spans": spans, "context": "late"}).json()
     assert [[c["start"], c["end"]] for c in got] == spans == [[c.start, c.end] for c in want]
     assert np.abs(np.array([c["embedding"] for c in got]) - np.stack([c.embedding.numpy() for c in want])).max() <= 1e-4
@@ -100,13 +106,16 @@ def test_embed_all_mean_is_the_embed_vector(client, export, texts):
 
 def test_python_api_late_chunks(export, texts):
     _, encoder = export
-    (one,) = encoder.embed_chunks([texts[0]], chunk_tokens=1000)
-    assert len(one) == 1 and (one[0].start, one[0].end) == (0, len(texts[0]))
-    assert float((one[0].embedding - encoder.embed([texts[0]])[0]).abs().max()) <= 1e-5
+    for context in ("none", "late"):
+        (one,) = encoder.embed_chunks([texts[0]], chunk_tokens=1000, context=context)
+        assert len(one) == 1 and (one[0].start, one[0].end) == (0, len(texts[0]))
+        assert float((one[0].embedding - encoder.embed([texts[0]])[0]).abs().max()) <= 1e-5
     (chunks,) = encoder.embed_chunks([texts[1]], chunk_tokens=100)
     assert "".join(texts[1][c.start:c.end] for c in chunks) == texts[1]
     with pytest.raises(ValueError, match="overlaps"):
         encoder.embed_chunks([texts[0]], spans=[[(0, 20), (10, 30)]])
+    with pytest.raises(ValueError, match="context must be one of none, late"):
+        encoder.embed_chunks([texts[0]], context="learned")
 
 
 def test_pooling_modes_match_pytorch(export, texts):

@@ -200,6 +200,15 @@ def span_chunks(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, i
     return chunks
 
 
+CHUNK_CONTEXTS = ("none", "late")  # what a chunk's vector sees: its own text, or its document
+DEFAULT_CHUNK_CONTEXT = "none"  # measured best on the dev set, and the cheapest (serve's --chunk-context)
+
+
+def naive_chunk_ids(ids: Sequence[int], chunks: Sequence[ChunkBounds], cls: int, sep: int) -> list[list[int]]:
+    """Each chunk as a text of its own, for context none: [CLS] its document tokens [SEP]."""
+    return [[cls] + [i for i in ids[c.first : c.stop] if i not in (cls, sep)] + [sep] for c in chunks]
+
+
 def pool_chunks(hidden: np.ndarray, chunks: Sequence[ChunkBounds], normalize: bool = True) -> np.ndarray:
     """(len(chunks), d): the mean hidden state of each chunk's tokens, L2-normalised unless
     normalize is False."""

@@ -12,7 +12,9 @@ from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
 from attnserve.contract.model_folder import wrapping_ids
-from attnserve.contract.pooling import Pooling, check_spans, pooling_for, pool_chunks, span_chunks, token_chunks
+from attnserve.contract.pooling import (
+    CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, Pooling, check_spans, naive_chunk_ids, pool_chunks, pooling_for, span_chunks, token_chunks,
+)
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
 # alone, short ones many at a time.
@@ -96,28 +98,34 @@ class Encoder(LongContextEncoder):
 
     @torch.no_grad()
     def embed_chunks(self, texts: list[str], chunk_tokens: int = 256, overlap_tokens: int = 0,
-                     spans: list[list[tuple[int, int]]] | None = None, normalize: bool = True) -> list[list[ChunkEmbedding]]:
-        """Late chunking: one forward per document, then each chunk's vector is the mean of its
-        tokens' last hidden states (L2-normalised unless normalize is False). Chunks hold
-        chunk_tokens document tokens, consecutive ones sharing overlap_tokens; with `spans`
-        (one list of (start_char, end_char) per text) the chunks are those spans instead.
-        Each ChunkEmbedding's start/end slice the text; a document that fits in one chunk gets
-        its `embed` vector. Texts longer than max_length tokens are cut."""
+                     spans: list[list[tuple[int, int]]] | None = None, normalize: bool = True,
+                     context: str = DEFAULT_CHUNK_CONTEXT) -> list[list[ChunkEmbedding]]:
+        """Chunk vectors, /embed_chunks' (same chunks, same default context): chunks hold
+        chunk_tokens document tokens, consecutive ones sharing overlap_tokens; with `spans` (one
+        list of (start_char, end_char) per text) the chunks are those spans instead. context
+        none: each chunk embedded alone ([CLS] chunk [SEP], mean-pooled); late (late chunking):
+        one forward per document, each chunk the mean of its tokens' last hidden states. Vectors
+        are L2-normalised unless normalize is False. Each ChunkEmbedding's start/end slice the
+        text; a document that fits in one chunk gets its mean vector. Texts longer than
+        max_length tokens are cut."""
         texts = list(texts)
         if spans is not None and len(spans) != len(texts):
             raise ValueError(f"spans must hold one list per text ({len(texts)} texts, {len(spans)} span lists)")
+        if context not in CHUNK_CONTEXTS:
+            raise ValueError(f"context must be one of {', '.join(CHUNK_CONTEXTS)} (got {context!r})")
         encodings = self.tokenizer.encode_batch(texts)
-        hidden = self.token_states([e.ids for e in encodings])
-        out = []
-        for i, (text, encoding) in enumerate(zip(texts, encodings)):
-            truncated = bool(encoding.overflowing)
-            if spans is None:
-                bounds = token_chunks(encoding.offsets, len(text), chunk_tokens, overlap_tokens, truncated)
-            else:
-                bounds = span_chunks(encoding.offsets, check_spans(spans[i], len(text)), truncated)
-            vectors = torch.from_numpy(pool_chunks(hidden[i], bounds, normalize))
-            out.append([ChunkEmbedding(b.start, b.end, v) for b, v in zip(bounds, vectors)])
-        return out
+        bounds = [token_chunks(e.offsets, len(t), chunk_tokens, overlap_tokens, bool(e.overflowing)) if spans is None
+                  else span_chunks(e.offsets, check_spans(spans[i], len(t)), bool(e.overflowing))
+                  for i, (t, e) in enumerate(zip(texts, encodings))]
+        if context == "late":
+            hidden = self.token_states([e.ids for e in encodings])
+            vectors = [pool_chunks(h, b, normalize) for h, b in zip(hidden, bounds)]
+        else:
+            pieces = [naive_chunk_ids(e.ids, b, *self.special_ids) for e, b in zip(encodings, bounds)]
+            states = iter(self.token_states([piece for doc in pieces for piece in doc]))
+            mean = Pooling("mean")
+            vectors = [np.stack([mean(next(states), normalize) for _ in doc]) for doc in pieces]
+        return [[ChunkEmbedding(c.start, c.end, torch.from_numpy(v)) for c, v in zip(b, doc)] for b, doc in zip(bounds, vectors)]
 
     def _batches(self, ids: list[list[int]]):
         """Index lists of at most BATCH_TEXTS texts and BATCH_TOKENS padded tokens, shortest

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.models.documents import read_jsonl
-from attnserve.contract.pooling import pool_chunks, token_chunks
+from attnserve.contract.pooling import naive_chunk_ids, pool_chunks, token_chunks  # noqa: F401 (benchmarks import it from here)
 
 CACHE_FORMAT = 1
 CACHE_FILE = "cache.json"
@@ -55,11 +55,6 @@ def chunk_of(bounds, char: int) -> int:
         if b.start <= char < b.end:
             return index
     return len(bounds) - 1
-
-
-def naive_chunk_ids(ids: list[int], bounds, cls: int, sep: int) -> list[list[int]]:
-    """Each chunk as a text of its own: [CLS] its document tokens [SEP]."""
-    return [[cls] + [i for i in ids[b.first : b.stop] if i not in (cls, sep)] + [sep] for b in bounds]
 
 
 class ExportRunner:
