@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.contract.context_format import GRAPH_INPUTS, GRAPH_OUTPUTS, check_deployment, read_spec
-from attnserve.contract.pooling import Pooling
 
 
 class ContextHeads:
@@ -60,23 +59,3 @@ class ContextHeads:
         return {"folder": str(self.folder), "variant": self.spec.variant, "chunk_tokens": self.spec.chunk_tokens,
                 "heads": {kind: head.design for kind, head in self.spec.heads.items()}}
 
-
-class LearnedPooling:
-    """pooling=learned: the heads' pooling head for texts longer than one chunk, the mean for
-    the others (a short text keeps the pretrained vector). Called like contract.Pooling."""
-
-    mode = "learned"
-
-    def __init__(self, heads: ContextHeads):
-        self.heads = heads
-        self._mean = Pooling("mean")
-
-    @property
-    def for_queries(self) -> Pooling:
-        """A query gets what a short text gets: the mean."""
-        return self._mean
-
-    def __call__(self, hidden: np.ndarray, normalize: bool = True) -> np.ndarray:
-        if self.heads.covers(len(hidden)):
-            return self.heads.pool(hidden)  # unit length whatever `normalize` says
-        return self._mean(hidden, normalize)
