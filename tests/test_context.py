@@ -15,12 +15,12 @@ import pytest
 import torch
 from export_helpers import EXPORTS_ROOT, HTTP_MAX_LENGTH, HTTP_VARIANT
 
+from attnserve.service.cli import main
 from attnserve.train.context_cache import load_cache
 from attnserve.train.context_files import PARITY_TOL, load_heads
+from attnserve.train.context_format import SPEC_FILE, ContextHeadError, read_spec
+from attnserve.train.context_runtime import ContextHeads
 from attnserve.train.context_train import Document
-from attnserve.service.cli import main
-from attnserve.service.context import ContextHeads
-from attnserve.contract.context_format import SPEC_FILE, ContextHeadError, read_spec
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -89,8 +89,10 @@ def test_a_missing_or_mismatched_head_file_is_named(trained, tmp_path):
     _, folder = trained
     broken = tmp_path / "heads"
     shutil.copytree(folder, broken)
-    with pytest.raises(ContextHeadError, match="heads learned on longformer's states, this deployment runs local"):
+    with pytest.raises(ContextHeadError, match="heads learned on longformer's states, this export runs local"):
         ContextHeads(broken, "local", 384)
+    with pytest.raises(ContextHeadError, match="heads for 384-wide vectors, this export's are 768"):
+        ContextHeads(broken, HTTP_VARIANT, 768)
     (broken / "chunks.onnx").write_bytes(b"not the graph")
     with pytest.raises(ContextHeadError, match="chunks.onnx: its sha256 differs"):
         read_spec(broken)

@@ -13,7 +13,7 @@ For each document, cut at max_length tokens and split into the deployment's chun
     needle    (d,)    the document's own needle passage, where it has one (the dev set's)
 
 all float16 but passage_chunk, through the deployment's ONNX export (the graphs serving runs,
-so a head learns on the states it will see). Queries and passages are short texts: they get
+so a head learns on the states a deployment computes). Queries and passages are short texts: they get
 the vectors the service gives any short text. Shards of `shard` documents are written
 atomically (temporary file, then rename), so an interrupted run resumes where it stopped;
 cache.json says what the cache was built from and refuses to mix recipes in one folder.
