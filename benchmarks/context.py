@@ -12,7 +12,7 @@ does) MRR over all cached documents, every representation from the same cached p
         learned (DIR)     each --heads folder's chunk head
     one vector:
         naive chunks mean, long-pass mean, opening (0.35), and each --heads folder's pooling
-        head (texts of one chunk get the mean, as served)
+        head (texts of one chunk get the mean, what the service gives a short text)
 
 Cost (--timing-docs N, 0: none): seconds per document through ONNX Runtime for the first N
 documents of --data, each representation in turn on every document, in --repeats rounds
@@ -83,11 +83,11 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
     """Median seconds per document of each representation, interleaved."""
     from tqdm import tqdm
 
-    from attnserve.train.context_cache import CacheWriter, naive_chunk_ids
+    from attnserve.train.context_cache import CacheWriter
     from attnserve.models.documents import read_jsonl
     from attnserve.export.exporter import cached_export
-    from attnserve.service.context import ContextHeads
-    from attnserve.contract.pooling import Pooling, pool_chunks
+    from attnserve.train.context_runtime import ContextHeads
+    from attnserve.contract.pooling import Pooling, naive_chunk_ids, pool_chunks
 
     recipe = meta["recipe"]
     export_dir = cached_export(models_dir, recipe["variant"], recipe["parameters"], recipe["max_length"])
@@ -135,7 +135,7 @@ def bench_context_command(args) -> int:
     from attnserve.train.context_cache import CacheError, load_cache
     from attnserve.train.context_files import load_heads
     from attnserve.train.context_train import Document
-    from attnserve.contract.context_format import ContextHeadError
+    from attnserve.train.context_format import ContextHeadError
 
     try:
         heads = {Path(d).name: load_heads(d) for d in args.heads}

@@ -1,6 +1,8 @@
-"""Context heads end to end: `attnserve adapt cache` on 3 documents, `attnserve adapt train` on
-that cache, the heads' ONNX graphs against PyTorch, and a server that serves them
-(/embed_chunks' context none / late / learned, pooling=learned), on the suite's HTTP export."""
+"""Context heads end to end, the training and benchmark tool they are: `attnserve adapt cache` on
+3 documents, `attnserve adapt train` on that cache, the heads' ONNX graphs against PyTorch, and
+`attnserve bench context` scoring and timing them, on the suite's HTTP export. No deployment
+serves them (they lost to naive chunks: docs/results/context.md); test_http_chunks.py checks that
+serve refuses them."""
 from __future__ import annotations
 
 import json
@@ -8,26 +10,17 @@ import shutil
 import subprocess
 import sys
 
-import httpx
 import numpy as np
 import pytest
 import torch
 from export_helpers import EXPORTS_ROOT, HTTP_MAX_LENGTH, HTTP_VARIANT
-from fastapi.testclient import TestClient
-from http_fakes import FakeRunner, tokenizer_json
-from http_server import start_real_server
 
+from attnserve.service.cli import main
 from attnserve.train.context_cache import load_cache
 from attnserve.train.context_files import PARITY_TOL, load_heads
+from attnserve.train.context_format import SPEC_FILE, ContextHeadError, read_spec
+from attnserve.train.context_runtime import ContextHeads
 from attnserve.train.context_train import Document
-from attnserve.service.app import create_app
-from attnserve.service.cli import main
-from attnserve.service.context import ContextHeads
-from attnserve.contract.context_format import SPEC_FILE, ContextHeadError, read_spec
-from attnserve.service.settings import Settings
-
-LONG = " ".join(f"Section {i}: the scheduler moves task {i} to queue {i % 7} when its budget runs out." for i in range(50))
-SHORT = "How does the scheduler pick a queue?"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -85,89 +78,21 @@ def test_onnx_heads_equal_pytorch_on_cached_states(trained):
         pooled = torch_heads["pooling"](doc.hidden).numpy()
     assert np.abs(onnx_heads.chunks(doc.naive.numpy(), doc.late.numpy(), doc.doc.numpy()) - chunks).max() <= 1e-4
     assert np.abs(onnx_heads.pool(doc.hidden.numpy()) - pooled).max() <= 1e-4
+    # A document of one chunk keeps its naive vector.
+    one = doc.naive[:1].numpy()
+    assert np.array_equal(onnx_heads.chunks(one, doc.late[:1].numpy(), doc.doc.numpy()), one)
     # A head that learned something: the trained chunk vectors are not the naive ones.
     assert np.abs(chunks - doc.naive.numpy()).max() > 1e-3
 
 
-@pytest.fixture(scope="module")
-def server(trained, export_dir):
-    _, heads = trained
-    proc = start_real_server(export_dir, "--context-heads", str(heads), "--pooling", "learned", "--chunk-context", "learned")
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-def post(server, route, body):
-    r = httpx.post(server.url + route, json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def test_served_contexts_and_the_head_match_pytorch(server, trained):
-    _, folder = trained
-    info = post_get(server, "/info")
-    assert info["chunk_context"] == "learned" and info["pooling"]["mode"] == "learned"
-    assert info["chunk_contexts"] == ["none", "late", "learned"]
-    schema = post_get(server, "/openapi.json")["components"]["schemas"]["EmbedChunksRequest"]["properties"]["context"]
-    assert schema["anyOf"][0]["enum"] == ["none", "late", "learned"]
-    assert info["context_heads"]["heads"] == {"chunks": "attend", "pooling": "attention-pooling"}
-    by_context = {c: np.array([x["embedding"] for x in post(server, "/embed_chunks", {"inputs": LONG, "context": c})[0]])
-                  for c in ("none", "late", "learned")}
-    default = np.array([x["embedding"] for x in post(server, "/embed_chunks", {"inputs": LONG})[0]])
-    assert len(default) >= 3 and np.array_equal(default, by_context["learned"])
-    (hidden,) = post(server, "/embed_all", {"inputs": LONG})
-    hidden = torch.tensor(hidden)
-    heads = load_heads(folder)
-    with torch.no_grad():
-        # The head sees unit late vectors and a unit document vector: /embed_chunks' late
-        # answer and the mean of /embed_all's states carry all it needs.
-        expected = heads["chunks"](torch.tensor(by_context["none"], dtype=torch.float32),
-                                   torch.tensor(by_context["late"], dtype=torch.float32), hidden.mean(0)).numpy()
-        pooled = heads["pooling"](hidden).numpy()
-    assert np.abs(by_context["learned"] - expected).max() <= 1e-4
-    assert np.abs(np.array(post(server, "/embed", {"inputs": LONG})[0]) - pooled).max() <= 1e-4
-    # Naive chunks are the chunks' own /embed vectors.
-    texts = [LONG[x["start"]:x["end"]].strip() for x in post(server, "/embed_chunks", {"inputs": LONG, "context": "none"})[0]]
-    alone = np.array(post(server, "/embed", {"inputs": texts[:2]}))
-    assert np.min((alone * by_context["none"][:2]).sum(1)) >= 0.999
-
-
-def test_a_text_of_one_chunk_keeps_its_pretrained_vector(server):
-    (hidden,) = post(server, "/embed_all", {"inputs": SHORT})
-    mean = np.mean(hidden, axis=0)
-    mean /= np.linalg.norm(mean)
-    vectors = [np.array(post(server, "/embed_chunks", {"inputs": SHORT, "context": c})[0][0]["embedding"]) for c in ("none", "late", "learned")]
-    vectors.append(np.array(post(server, "/embed", {"inputs": SHORT})[0]))
-    for v in vectors:
-        assert float(v @ mean) >= 0.9999
-
-
-def post_get(server, route):
-    r = httpx.get(server.url + route, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def test_learned_context_without_heads_is_a_422_naming_the_field():
-    app = create_app(Settings(max_length=512), runner=FakeRunner(max_length=512), tokenizer_path=tokenizer_json())
-    with TestClient(app) as client:
-        info = client.get("/info").json()
-        assert info["chunk_context"] == "none" and info["chunk_contexts"] == ["none", "late"]
-        context = client.get("/openapi.json").json()["components"]["schemas"]["EmbedChunksRequest"]["properties"]["context"]
-        assert context["anyOf"][0]["enum"] == ["none", "late"]
-        r = client.post("/embed_chunks", json={"inputs": "a b c", "context": "learned"})
-        assert r.status_code == 422 and "context" in r.json()["error"]
-        assert client.post("/embed_chunks", json={"inputs": "a b c", "context": "sideways"}).status_code == 422
-
-
-def test_a_missing_or_mismatched_head_file_is_named(trained, tmp_path, export_dir, capsys):
+def test_a_missing_or_mismatched_head_file_is_named(trained, tmp_path):
     _, folder = trained
     broken = tmp_path / "heads"
     shutil.copytree(folder, broken)
-    with pytest.raises(ContextHeadError, match="heads learned on longformer's states, this deployment runs local"):
+    with pytest.raises(ContextHeadError, match="heads learned on longformer's states, this export runs local"):
         ContextHeads(broken, "local", 384)
+    with pytest.raises(ContextHeadError, match="heads for 384-wide vectors, this export's are 768"):
+        ContextHeads(broken, HTTP_VARIANT, 768)
     (broken / "chunks.onnx").write_bytes(b"not the graph")
     with pytest.raises(ContextHeadError, match="chunks.onnx: its sha256 differs"):
         read_spec(broken)
@@ -177,9 +102,6 @@ def test_a_missing_or_mismatched_head_file_is_named(trained, tmp_path, export_di
     (broken / SPEC_FILE).unlink()
     with pytest.raises(ContextHeadError, match=f"{SPEC_FILE}: missing"):
         read_spec(broken)
-    assert f"{broken / SPEC_FILE}: missing" in refusal(capsys, "serve", "--export-dir", str(export_dir), "--context-heads", str(broken), "--port", "0")
-    assert "chunk_context=learned" in refusal(capsys, "serve", "--export-dir", str(export_dir), "--chunk-context", "learned",
-                                              "--variant", HTTP_VARIANT, "--port", "0")
 
 
 def test_train_refuses_bad_designs(trained, capsys):

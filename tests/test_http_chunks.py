@@ -162,3 +162,33 @@ def test_default_pooling_is_opening():
     with make_client() as c:
         assert c.get("/info").json()["pooling"] == {"mode": "opening", "opening_weight": Pooling.opening_weight,
                                                     "opening_tokens": Pooling.opening_tokens}
+
+
+def test_context_heads_are_not_a_serving_option(capsys, monkeypatch, tmp_path):
+    """Context heads lost to naive chunks (docs/results/context.md): `attnserve bench context`
+    measures them, and no deployment serves them. Asking for them is refused, naming what is."""
+    with make_client() as c:
+        info = c.get("/info").json()
+        assert (info["chunk_context"], info["chunk_contexts"]) == ("none", ["none", "late"]) and "context_heads" not in info
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["EmbedChunksRequest"]["properties"]["context"]
+        assert schema["anyOf"][0]["enum"] == ["none", "late"]
+        for context in ("learned", "sideways"):
+            r = c.post("/embed_chunks", json={"inputs": TEXT, "context": context})
+            assert r.status_code == 422 and r.json()["error"] == "context: Input should be 'none' or 'late'", r.text
+    from attnserve.service.cli import main
+
+    unused = str(tmp_path / "unused")
+    for flags, said in [(["--pooling", "learned"], ("--pooling", "invalid choice: 'learned'", "opening")),
+                        (["--chunk-context", "learned"], ("--chunk-context", "invalid choice: 'learned'", "late")),
+                        (["--context-heads", unused], ("unrecognized arguments: --context-heads",))]:
+        with pytest.raises(SystemExit) as exit:
+            main(["serve", "--export-dir", unused, "--port", "0", *flags])
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and all(s in err for s in said), err
+    for name, allowed in [("ATTNSERVE_POOLING", "'mean', 'cls', 'lasttoken' or 'opening'"), ("ATTNSERVE_CHUNK_CONTEXT", "'none' or 'late'")]:
+        with monkeypatch.context() as env:
+            env.setenv(name, "learned")
+            assert main(["serve", "--export-dir", unused, "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert "invalid settings" in err and f"Input should be {allowed} (got 'learned')" in err, err
+    assert not (tmp_path / "unused").exists()  # refused before looking for an export

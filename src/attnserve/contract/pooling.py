@@ -14,7 +14,7 @@ in one chunk gets exactly its mean-pooled vector.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import numpy as np
 
@@ -200,7 +200,8 @@ def span_chunks(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, i
     return chunks
 
 
-CHUNK_CONTEXTS = ("none", "late")  # what a chunk's vector sees: its own text, or its document
+ChunkContext = Literal["none", "late"]  # what a chunk's vector sees: its own text, or its document
+CHUNK_CONTEXTS: tuple[str, ...] = get_args(ChunkContext)
 DEFAULT_CHUNK_CONTEXT = "none"  # measured best on the dev set, and the cheapest (serve's --chunk-context)
 
 

@@ -14,7 +14,6 @@ from fastapi_offline import FastAPIOffline
 
 from attnserve.service.backend import Runner
 from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
-from attnserve.service.context import LearnedPooling
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
@@ -47,23 +46,6 @@ def load_runner(settings: Settings) -> tuple[Runner, Path]:
     return runner, export_dir / TOKENIZER_FILE
 
 
-def load_heads(settings: Settings, runner: Runner):
-    """The context heads of settings.context_heads (None without), checked against this export
-    and the settings that need them: ContextHeadError (a ValueError) naming what to change."""
-    from attnserve.contract.context_format import ContextHeadError
-    from attnserve.service.context import ContextHeads
-
-    heads = None
-    if settings.context_heads is not None:
-        heads = ContextHeads(settings.context_heads, runner.variant, int(runner.manifest.get("hidden_size", 384)))
-    for setting, value, kind in (("pooling", settings.pooling, "pooling"), ("chunk_context", settings.chunk_context, "chunks")):
-        if value == "learned" and (heads is None or kind not in heads.kinds):
-            where = f"{heads.folder} has no {kind} head" if heads else "this deployment has no context heads"
-            raise ContextHeadError(f"{setting}=learned, but {where}: pass --context-heads DIR with one "
-                                   f"(`attnserve adapt train --out DIR`), or another {setting}")
-    return heads
-
-
 def deployment_pooling(settings: Settings, runner: Runner) -> str:
     """The pooling mode served: --pooling where it is set, else the export's default (the
     model's own where it is cls or lasttoken: contract.pooling.default_pooling)."""
@@ -72,10 +54,9 @@ def deployment_pooling(settings: Settings, runner: Runner) -> str:
     return default_pooling(getattr(runner, "manifest", None))
 
 
-def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None, heads=False) -> FastAPI:
-    """The service. `runner` (a service.backend.Runner), `tokenizer_path` and `heads` (context
-    heads, or None for none) are for tests and `attnserve serve`; by default all come from the
-    export and the context heads named by `settings`."""
+def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None) -> FastAPI:
+    """The service. `runner` (a service.backend.Runner) and `tokenizer_path` are for tests and
+    `attnserve serve`; by default both come from the export `settings` names."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -85,7 +66,6 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
         if runner is None:
             runner, exported_tokenizer = await asyncio.to_thread(load_runner, settings)
             path = path or exported_tokenizer
-        context_heads = heads if heads is not False else await asyncio.to_thread(load_heads, settings, runner)
         max_length = min(settings.max_length, runner.max_length)
         metrics = ServiceMetrics(runner.variant, runner.precision)
         batcher = TokenBudgetBatcher(
@@ -97,8 +77,7 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             on_batch=metrics.inputs_run.inc,
             max_queued_tokens=settings.max_queued_tokens,
             by_length=settings.batch_order == "length",
-            pooling=LearnedPooling(context_heads) if settings.pooling == "learned"
-            else Pooling(deployment_pooling(settings, runner), settings.opening_weight, settings.opening_tokens),
+            pooling=Pooling(deployment_pooling(settings, runner), settings.opening_weight, settings.opening_tokens),
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(
@@ -108,7 +87,6 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             metrics=metrics,
             max_length=max_length,
             tokenization_pool=pool,
-            context_heads=context_heads,
         )
         # One tiny batch before the first request, so it does not pay ONNX Runtime's first-run setup.
         tokenizer = app.state.service.tokenizer

@@ -4,8 +4,7 @@ late_chunking and /v1/contextualizedembeddings (Voyage's shape), whose chunks ar
 own texts, joined into one document.
 
 Contexts: none (each chunk embedded alone, [CLS] chunk [SEP], mean-pooled: what a 512-token
-server gives), late (one pass over the whole document, each chunk the mean of its tokens) and
-learned (the deployment's context head over both and the document's mean).
+server gives) and late (one pass over the whole document, each chunk the mean of its tokens).
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import functools
 import numpy as np
 
 from attnserve.service.batching import Timings
-from attnserve.contract.pooling import BadSpans, ChunkBounds, Pooling, pool_chunks, span_chunks
+from attnserve.contract.pooling import BadSpans, ChunkBounds, Pooling, naive_chunk_ids, pool_chunks, span_chunks
 from attnserve.service.errors import ServiceError
 from attnserve.service.state import ServiceState, run_embed, run_reduce
 
@@ -32,22 +31,14 @@ async def chunk_vectors(service: ServiceState, ids: list[list[int]], bounds: lis
         return await run_reduce(service, ids, reducers, timings, param)
     if context == "none":
         return await naive_chunks(service, ids, bounds, timings, normalize, param)
-    reducers = [functools.partial(_late_and_mean, chunks=b) for b in bounds]
-    late, naive = await asyncio.gather(run_reduce(service, ids, reducers, timings, param),
-                                       naive_chunks(service, ids, bounds, timings, True, param))
-    return [service.context_heads.chunks(n, lm[0], lm[1]) for n, lm in zip(naive, late)]
-
-
-def _late_and_mean(hidden: np.ndarray, chunks) -> tuple[np.ndarray, np.ndarray]:
-    """(each chunk's mean hidden state, the document's mean hidden state)."""
-    return pool_chunks(hidden, chunks, normalize=False), hidden.mean(0)
+    raise ValueError(f"unknown chunk context {context!r}")  # the schemas allow none and late only
 
 
 async def naive_chunks(service: ServiceState, ids: list[list[int]], bounds, timings: Timings, normalize: bool,
                        param: str = "inputs") -> list[np.ndarray]:
     """Each document's chunks embedded alone ([CLS] chunk [SEP], mean-pooled), one array per document."""
     cls, sep = service.tokenizer.cls_id, service.tokenizer.sep_id
-    pieces = [[cls] + [i for i in doc[b.first : b.stop] if i not in (cls, sep)] + [sep] for doc, chunks in zip(ids, bounds) for b in chunks]
+    pieces = [piece for doc, chunks in zip(ids, bounds) for piece in naive_chunk_ids(doc, chunks, cls, sep)]
     mean = functools.partial(Pooling("mean"), normalize=normalize)
     flat = await run_reduce(service, pieces, [mean] * len(pieces), timings, param)
     out, start = [], 0

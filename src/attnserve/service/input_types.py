@@ -3,7 +3,7 @@
 A query is embedded as a short text always is: the deployment's pooling for queries
 (Pooling.for_queries: the mean, or [CLS] under cls pooling) at any length, so that a long
 query never takes the document path. A document takes the deployment's document path: its
-pooling (opening or learned for long texts) and, for chunks sent as one document, the
+pooling (opening for long texts) and, for chunks sent as one document, the
 contextual chunk vectors (ServiceState.contextual_context). Leaving the field out is the
 document path, the behaviour of the routes without it.
 """

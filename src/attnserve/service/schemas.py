@@ -3,9 +3,8 @@
 The OpenAPI schema states what each route accepts, so that a request the schema allows is
 answered 2xx (or a limit it documents: 413, 429) and one it forbids is refused with 422. Bounds
 that only the loaded model and the settings know (vocabulary, hidden size, layers, heads, inputs
-per request, the chunk contexts it serves) are marked here with `x-deployment-maximum` /
-`x-deployment-maxItems` / `x-deployment-enum` and filled in by `fill_deployment_bounds` once the
-service has loaded; the routes check the same bounds.
+per request) are marked here with `x-deployment-maximum` / `x-deployment-maxItems` and filled in
+by `fill_deployment_bounds` once the service has loaded; the routes check the same bounds.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from attnserve.contract.export_format import COLLAPSE_PATHS
+from attnserve.contract.pooling import ChunkContext
 from attnserve.service.input_types import INPUT_TYPES, JINA_TASKS
 
 # A text needs one character that is neither whitespace nor NUL. The whitespace is Python's
@@ -58,12 +58,7 @@ def deployment_max_items(bound: str) -> dict:
     return {"x-deployment-maxItems": bound}
 
 
-def deployment_enum(bound: str) -> dict:
-    """Schema marker: this string's allowed values are the deployment's `bound`."""
-    return {"x-deployment-enum": bound}
-
-
-_MARKERS = {"x-deployment-maximum": "maximum", "x-deployment-maxItems": "maxItems", "x-deployment-enum": "enum"}
+_MARKERS = {"x-deployment-maximum": "maximum", "x-deployment-maxItems": "maxItems"}
 
 
 def fill_deployment_bounds(schema: Any, bounds: dict[str, Any]) -> Any:
@@ -175,14 +170,12 @@ class EmbedChunksRequest(_Strict):
         "one such list per input for a list; in order, not overlapping, each holding at least one token",
     )
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413; chunks then cover the kept part")
-    normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are "
-                            "(learned vectors are unit length either way)")
-    context: Annotated[Literal["none", "late", "learned"], Field(json_schema_extra=deployment_enum("contexts"))] | None = Field(
+    normalize: bool = Field(True, description="L2-normalised chunk vectors; false returns the mean hidden states as they are")
+    context: ChunkContext | None = Field(
         None,
         description="how chunk vectors get their document's context: none (each chunk embedded alone, as a 512-token server "
-        "does), late (each chunk the mean of its tokens from one pass over the whole document) or learned (the "
-        "deployment's context head mixing both; a document of one chunk keeps its naive vector), of those this "
-        "deployment serves (/info's chunk_contexts). Null: the deployment's default, /info's chunk_context",
+        "does) or late (each chunk the mean of its tokens from one pass over the whole document). Null: the deployment's "
+        "default, /info's chunk_context",
     )
 
     @model_validator(mode="after")
@@ -440,7 +433,7 @@ class BatchingLimits(BaseModel):
 
 
 class PoolingInfo(BaseModel):
-    mode: Literal["mean", "cls", "lasttoken", "opening", "learned"]
+    mode: Literal["mean", "cls", "lasttoken", "opening"]
     opening_weight: float | None = Field(None, description="pooling=opening only")
     opening_tokens: int | None = Field(None, description="pooling=opening only")
 
@@ -469,10 +462,8 @@ class InfoResponse(BaseModel):
     model_sha256: str | None
     weights_sha256: str | None = Field(None, description="sha256 of the adapted weights the export carries (null: the pretrained model's)")
     batching: BatchingLimits
-    chunk_context: Literal["none", "late", "learned"] = Field(description="/embed_chunks' context when a request names none")
-    chunk_contexts: list[Literal["none", "late", "learned"]] = Field(description="the contexts /embed_chunks serves here")
-    context_heads: dict | None = Field(None, description="the context heads served (folder, the variant they were learned on, "
-                                       "chunk_tokens, design per kind); null: none")
+    chunk_context: ChunkContext = Field(description="/embed_chunks' context when a request names none")
+    chunk_contexts: list[ChunkContext] = Field(description="the contexts /embed_chunks serves")
     input_types: dict[str, str] = Field(description="what a query and a document get here (input_type, Jina's task)")
     attention_max_length: int = Field(description="longest text /attention maps (0: the export has no analysis graph)")
     rank_collapse_paths: list[str] = Field(description="the paths /rank_collapse follows ([]: the export has no collapse graph)")

@@ -29,7 +29,7 @@ def settings_errors(exc: ValidationError) -> str:
 def serve_command(args) -> int:
     import uvicorn
 
-    from attnserve.service.app import create_app, load_heads, load_runner
+    from attnserve.service.app import create_app, load_runner
     from attnserve.service.settings import settings_from_args
 
     try:
@@ -55,7 +55,6 @@ def serve_command(args) -> int:
         # Loaded here too so that a corrupt tokenizer.json is this message and exit status, not
         # a traceback from inside uvicorn's startup.
         TextTokenizer(tokenizer_path, settings.max_length)
-        heads = load_heads(settings, runner)  # ContextHeadError is a ValueError: its message names the file
     except ExportError as exc:  # a missing, corrupt or mismatched export: its message names the file
         print(f"attnserve serve: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +64,7 @@ def serve_command(args) -> int:
     except RuntimeError as exc:  # no export and no torch to make one, or the export failed
         print(f"attnserve serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    app = create_app(settings, runner=runner, tokenizer_path=tokenizer_path, heads=heads)
+    app = create_app(settings, runner=runner, tokenizer_path=tokenizer_path)
     uvicorn.run(
         app,
         host=settings.host,

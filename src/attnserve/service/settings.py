@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from attnserve.contract.export_format import DEFAULT_PRECISION, PRECISIONS, parse_params
-from attnserve.contract.pooling import DEFAULT_POOLING, Pooling
+from attnserve.contract.pooling import DEFAULT_CHUNK_CONTEXT, DEFAULT_POOLING, ChunkContext, Pooling
 
 VERSION = "0.1.0"
 
@@ -33,12 +33,11 @@ class Settings(BaseSettings):
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     precision: Literal[PRECISIONS] = Field(DEFAULT_PRECISION, description="of the export's weight matrix products: float32 (as trained), int8 (dynamic quantization: for CPUs) or float16 (for GPUs); exported so on first start (`attnserve variants` lists the variants that cannot take one)")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "lasttoken", "opening", "learned"] = Field(DEFAULT_POOLING, description="token vectors -> one vector for /embed and /v1/embeddings (left unset: the model's own pooling where it is cls or lasttoken): mean of all tokens, the [CLS] token, the last token, opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean), or learned (the context heads' pooling head; texts of at most one chunk get the mean)")
+    pooling: Literal["mean", "cls", "lasttoken", "opening"] = Field(DEFAULT_POOLING, description="token vectors -> one vector for /embed and /v1/embeddings (left unset: the model's own pooling where it is cls or lasttoken): mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
-    context_heads: Path | None = Field(None, description="context-head folder (`attnserve adapt train --out DIR`) for /embed_chunks' learned context and pooling=learned (none: no context heads)")
-    chunk_context: Literal["none", "late", "learned"] = Field("none", description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured on the bundled man pages, and the cheapest), late (each chunk the mean of its tokens from one pass over the document) or learned (a context head's mix of both; needs context heads)")
+    chunk_context: ChunkContext = Field(DEFAULT_CHUNK_CONTEXT, description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured on the bundled man pages, and the cheapest) or late (each chunk the mean of its tokens from one pass over the document)")
     # Where to listen.
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8080, ge=0, le=65535, description="port to bind")
@@ -69,7 +68,7 @@ class Settings(BaseSettings):
     max_token_vectors: int = Field(16384, ge=1, description="most token vectors one /embed_all answer holds, and most chunk vectors one /embed_chunks answer holds (all its inputs together)")
     tokenization_workers: int = Field(2, ge=1, description="threads that tokenize")
 
-    @field_validator("model", "models_dir", "export_dir", "weights", "context_heads")
+    @field_validator("model", "models_dir", "export_dir", "weights")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

@@ -12,11 +12,10 @@ from fastapi import Request
 from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
 from attnserve.service.backend import Runner
 from attnserve.service.batching import Timings, TokenBudgetBatcher
-from attnserve.service.context import ContextHeads
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
 from attnserve.contract.model_folder import DEFAULT_MODEL_NAME
-from attnserve.contract.pooling import Pooling
+from attnserve.contract.pooling import CHUNK_CONTEXTS, Pooling
 from attnserve.service.settings import Settings
 from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 
@@ -29,7 +28,6 @@ class ServiceState:
     metrics: ServiceMetrics
     max_length: int
     tokenization_pool: ThreadPoolExecutor = field(repr=False, default=None)
-    context_heads: ContextHeads | None = None  # service.context: learned chunk context and pooling
 
     @property
     def chunk_context(self) -> str:
@@ -38,16 +36,15 @@ class ServiceState:
 
     @property
     def chunk_contexts(self) -> list[str]:
-        """The contexts /embed_chunks serves: learned only with a chunk context head."""
-        learned = self.context_heads is not None and "chunks" in self.context_heads.kinds
-        return ["none", "late", "learned"] if learned else ["none", "late"]
+        """The contexts /embed_chunks serves."""
+        return list(CHUNK_CONTEXTS)
 
     @property
     def contextual_context(self) -> str:
         """The context of chunks sent as one document's texts (Jina's late_chunking, Voyage's
-        contextualized embeddings): the deployment's chunk context where it gives one, late
-        where its default is none (those APIs promise vectors that have seen the document)."""
-        return "late" if self.chunk_context == "none" else self.chunk_context
+        contextualized embeddings): late whatever the deployment's chunk context (those APIs
+        promise vectors that have seen the document)."""
+        return "late"
 
     @property
     def runner(self) -> Runner:

@@ -13,7 +13,7 @@ For each document, cut at max_length tokens and split into the deployment's chun
     needle    (d,)    the document's own needle passage, where it has one (the dev set's)
 
 all float16 but passage_chunk, through the deployment's ONNX export (the graphs serving runs,
-so a head learns on the states it will see). Queries and passages are short texts: they get
+so a head learns on the states a deployment computes). Queries and passages are short texts: they get
 the vectors the service gives any short text. Shards of `shard` documents are written
 atomically (temporary file, then rename), so an interrupted run resumes where it stopped;
 cache.json says what the cache was built from and refuses to mix recipes in one folder.
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.models.documents import read_jsonl
-from attnserve.contract.pooling import naive_chunk_ids, pool_chunks, token_chunks  # noqa: F401 (benchmarks import it from here)
+from attnserve.contract.pooling import naive_chunk_ids, pool_chunks, token_chunks
 
 CACHE_FORMAT = 1
 CACHE_FILE = "cache.json"

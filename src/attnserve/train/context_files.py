@@ -1,4 +1,4 @@
-"""Writing and reading context-head folders (src/attnserve/contract/context_format.py says what one
+"""Writing and reading context-head folders (src/attnserve/train/context_format.py says what one
 holds): each head's parameters, its ONNX graph checked against PyTorch, and context.json."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from attnserve.train.context_heads import make_head
-from attnserve.contract.context_format import (
+from attnserve.train.context_format import (
     CONTEXT_FORMAT, GRAPH_INPUTS, GRAPH_OUTPUTS, SPEC_FILE, WEIGHTS_FILE, ContextHeadError, read_spec)
 from attnserve.contract.export_format import sha256
 

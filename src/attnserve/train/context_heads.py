@@ -14,8 +14,9 @@ Designs (DESIGNS): "mix" (chunks) adds gated, low-rank projections of the chunk'
 and the document vector to the naive one; "attend" (chunks) lets each naive chunk vector attend
 over the document's late chunk vectors (one low-rank head, output projection zero at first);
 "attention-pooling" (pooling) weighs tokens by a tiny scorer on their hidden states (zero
-scorer: the mean). A document of one chunk is left as it is by every design: serving skips the
-head there, so a short text keeps the pretrained vector exactly.
+scorer: the mean). A document of one chunk is left as it is by every design: training, `bench
+context` and the ONNX runner (context_runtime.py) skip the head there, so a short text keeps
+the pretrained vector exactly.
 """
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from attnserve.train.context_heads import DESIGNS, make_head
-from attnserve.models.quality import ranks
 
 TEMPERATURE = 0.05
 SMOOTH_MAX = 0.01  # temperature of the smooth maximum over a document's chunks while training
@@ -50,8 +49,8 @@ class Document:
 
 
 def represent(head, doc: Document, kind: str) -> torch.Tensor:
-    """The document's vectors as serving gives them: (C, d) chunks or (1, d) one vector; a
-    document of one chunk skips the head."""
+    """The document's vectors as retrieval scores them: (C, d) chunks or (1, d) one vector; a
+    document of one chunk skips the head (it keeps what the service gives a short text)."""
     if kind == "chunks":
         return doc.naive if head is None or len(doc.naive) == 1 else head(doc.naive, doc.late, doc.doc)
     if head is None or len(doc.naive) == 1:

@@ -27,7 +27,6 @@ def deployment_bounds(service) -> dict:
         "head_max": service.num_heads - 1,
         "max_inputs": service.settings.max_client_batch_size,
         "max_sentences": service.settings.max_client_batch_size - 1,  # /similarity's, beside its source_sentence
-        "contexts": service.chunk_contexts,
     }
 
 

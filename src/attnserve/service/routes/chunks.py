@@ -1,6 +1,6 @@
 """POST /embed_chunks: a vector per chunk, with the context the request asks for: none (each
-chunk embedded alone), late (late chunking: one forward per document, each chunk the mean of its
-tokens) or learned (the deployment's context head over both)."""
+chunk embedded alone) or late (late chunking: one forward per document, each chunk the mean of
+its tokens)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
@@ -21,13 +21,8 @@ router = APIRouter(tags=["late chunking"])
 async def embed_chunks(body: EmbedChunksRequest, service: ServiceState = Depends(get_service), timings: Timings = Depends(get_timings)):
     """For each input, its chunks in order with their character offsets and vectors. With
     context late, the mean of each chunk's last hidden states from one pass over the whole
-    document, so every chunk vector has seen all of it; none, each chunk embedded alone;
-    learned, the context head's mix of the two and of the document's mean."""
+    document, so every chunk vector has seen all of it; none, each chunk embedded alone."""
     context = body.context or service.chunk_context
-    if context not in service.chunk_contexts:
-        raise ServiceError(422, "context: learned needs a chunk context head, which this deployment does not serve "
-                           "(/info's context_heads); send context none or late, or serve with --context-heads DIR",
-                           "validation", "context")
     texts, spans = body.texts_and_spans()
     service.check_input_count(len(texts), "inputs")
     tokenized = await service.tokenize(texts, body.truncate, timings, "inputs")

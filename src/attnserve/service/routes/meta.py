@@ -57,7 +57,6 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         ),
         chunk_context=service.chunk_context,
         chunk_contexts=service.chunk_contexts,
-        context_heads=service.context_heads.describe() if service.context_heads else None,
         input_types=describe_input_types(service.pooling, service.contextual_context),
         attention_max_length=service.runner.attention_max_length,
         rank_collapse_paths=list(service.runner.collapse_paths),

@@ -1,13 +1,13 @@
-"""What a context-head folder holds (`attnserve adapt train --out DIR`), read by serving and the
-PyTorch API alike:
+"""What a context-head folder holds (`attnserve adapt train --out DIR`), read by the PyTorch heads
+(context_files.py) and their ONNX Runtime runner (context_runtime.py) alike:
 
     context.json          `ContextSpec`: what the heads were trained on and how to call them
     context.safetensors   the heads' PyTorch parameters, "<kind>." + parameter name
     chunks.onnx           kind "chunks": naive (C, d), late (C, d), doc (d) -> chunks (C, d)
     pooling.onnx          kind "pooling": hidden (n, d) -> vector (d)
 
-A head learned on one variant's states serves only that variant (its states are what it
-learned); `check_deployment` says so by name before anything is served.
+A head learned on one variant's states fits only that variant (its states are what it
+learned); `check_export` says so by name before anything runs.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ TRAIN_COMMAND = "attnserve adapt cache --out CACHE && attnserve adapt train --ca
 
 
 class ContextHeadError(ValueError):
-    """A context-head folder that cannot serve this deployment; the message names the file."""
+    """A context-head folder that cannot be read, or does not fit the export it runs beside; the
+    message names the file."""
 
 
 class HeadRecord(BaseModel):
@@ -79,11 +80,13 @@ def read_spec(folder) -> ContextSpec:
     return spec
 
 
-def check_deployment(spec: ContextSpec, folder, variant: str, hidden_size: int) -> None:
-    """ContextHeadError naming context.json unless its heads were learned on this variant's states."""
+def check_export(spec: ContextSpec, folder, variant: str, hidden_size: int) -> None:
+    """ContextHeadError naming context.json unless its heads were learned on the states of this
+    variant and hidden size (the export they run beside)."""
     path = Path(folder) / SPEC_FILE
     if spec.hidden_size != hidden_size:
-        raise ContextHeadError(f"{path}: heads for {spec.hidden_size}-wide vectors, this deployment's are {hidden_size}")
+        raise ContextHeadError(f"{path}: heads for {spec.hidden_size}-wide vectors, this export's are {hidden_size}")
     if spec.variant != variant:
-        raise ContextHeadError(f"{path}: heads learned on {spec.variant}'s states, this deployment runs {variant}; "
-                               f"serve {spec.variant}, or train heads for {variant} (`{TRAIN_COMMAND}` with --variant {variant})")
+        raise ContextHeadError(f"{path}: heads learned on {spec.variant}'s states, this export runs {variant}; "
+                               f"run them beside a {spec.variant} export, or train heads for {variant} "
+                               f"(`{TRAIN_COMMAND}`, the cache made with --variant {variant})")
