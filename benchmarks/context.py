@@ -153,8 +153,11 @@ def bench_context_command(args) -> int:
     for r in quality_rows(docs, heads):
         print(f"| {r['representation']} | {r['system']} | {r['summary_mrr']:.3f} | {r['needle_mrr']:.3f} |")
     if args.timing_docs:
-        per_doc = timing_rows(meta, args.data, args.heads[0] if args.heads else None, args.timing_docs, args.repeats,
-                              Path(args.models_dir).expanduser(), args.threads)
+        try:
+            per_doc = timing_rows(meta, args.data, args.heads[0] if args.heads else None, args.timing_docs, args.repeats,
+                                  Path(args.models_dir).expanduser(), args.threads)
+        except ContextHeadError as exc:  # heads of another variant or width than the cache's export
+            raise SystemExit(f"attnserve bench context: {exc}") from None
         base = per_doc["naive chunks"]
         print(f"\nSeconds per document, first {args.timing_docs} documents, median of {args.repeats} interleaved rounds:")
         print("| system | s/doc | ratio to naive chunks |")

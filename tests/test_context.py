@@ -124,5 +124,17 @@ def test_bench_context_scores_and_times_every_representation(trained):
     assert timed["naive chunks"] == "1.00" and {"late chunks", "learned chunks", "long pass, learned pooling"} <= set(timed)
 
 
+def test_bench_context_names_heads_of_another_variant(trained, tmp_path):
+    cache, heads = trained
+    other = tmp_path / "heads"
+    shutil.copytree(heads, other)
+    spec = json.loads((other / SPEC_FILE).read_text())
+    (other / SPEC_FILE).write_text(json.dumps({**spec, "variant": "local"}))
+    run = cli("bench", "context", "--cache", str(cache), "--heads", str(other), "--timing-docs", "1", "--repeats", "1",
+              "--data", str(cache_data(cache)), "--models-dir", str(EXPORTS_ROOT))
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    assert f"heads learned on local's states, this export runs {HTTP_VARIANT}" in run.stderr
+
+
 def cache_data(cache):
     return json.loads((cache / "cache.json").read_text())["data"]
