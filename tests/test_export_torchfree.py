@@ -33,11 +33,10 @@ try:
 except ImportError:
     pass
 
-from attnserve.contract.pooling import Pooling
 from attnserve.service.embedder import Embedder
 
 export_dir, texts = sys.argv[1], json.loads(sys.argv[2])
-embedder = Embedder(export_dir, pooling=Pooling("mean"), threads=1)
+embedder = Embedder(export_dir, threads=1)  # the deployment's default pooling, encoder.embed's too
 vectors = embedder.embed(texts, truncate=True)
 assert not any(m.split(".")[0] == "torch" or m.startswith("attnserve.models") for m in sys.modules), "torch got imported"
 print(json.dumps({"provider": embedder.runner.provider, "embeddings": vectors.tolist()}))
