@@ -98,14 +98,15 @@ def test_schedules_repeat_over_the_models_layers(folders):
 
 @pytest.fixture(scope="module")
 def xlmr_export(folders, tmp_path_factory):
-    """`attnserve export --model DIR` of longformer over the XLM-RoBERTa folder (the export's own
-    check compares ONNX Runtime with PyTorch)."""
+    """`attnserve export --model DIR` of longformer over the XLM-RoBERTa folder, with the
+    attention-map and rank-collapse graphs `serve --model DIR` exports (the export's own check
+    compares ONNX Runtime with PyTorch)."""
     from attnserve.export.exporter import main
 
     out = tmp_path_factory.mktemp("exports") / "xlmr-longformer"
     torch.set_num_threads(2)
     status = main(["--model", str(folders["xlmr-cls"]), "--variant", "longformer", "--max-length", str(EXPORT_LENGTH),
-                   "--no-analysis", "--out", str(out)])
+                   "--out", str(out)])
     assert status == 0
     return out
 
@@ -149,6 +150,12 @@ def test_info_and_embeddings_name_the_model(folders, xlmr_export):
         assert info["model_name"] == "attnserve-longformer-xlmr-cls" and info["pooling"]["mode"] == "cls"
         answer = client.post("/v1/embeddings", json={"input": TEXTS[:2], "model": info["model_name"]}).json()
         assert answer["model"] == "attnserve-longformer-xlmr-cls"
+        maps = client.post("/attention", json={"inputs": TEXTS[0], "layer": 1})
+        assert maps.status_code == 200, maps.text[:500]
+        body = maps.json()
+        assert body["tokens"][0] == "<s>" and body["tokens"][-1] == "</s>" and len(body["rank_collapse"]) == 2
+        rows, values = np.array(body["rows"]), np.array(body["values"])
+        np.testing.assert_allclose(np.bincount(rows, weights=values, minlength=body["n_tokens"]), 1, atol=1e-4)
     reference = sentence_transformers_vectors(folders["xlmr-cls"], TEXTS[:2]).numpy()
     assert np.abs(np.array([d["embedding"] for d in answer["data"]]) - reference).max() <= 1e-4
 

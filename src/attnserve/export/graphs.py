@@ -111,17 +111,24 @@ class CollapseGraph(nn.Module):
 COLLAPSE_OUTPUTS = {path: f"collapse_{path}" for path in COLLAPSE_PATHS}
 
 
-def analysis_layout(encoder: Encoder, length: int) -> list[int]:
-    """How many SlotWeights pieces each layer returns (fixed per variant; found by running it)."""
-    ids = torch.full((1, length), 1000, dtype=torch.long)
-    counts = []
+def layer_weights(encoder: Encoder, length: int) -> list[list]:
+    """Each layer's SlotWeights pieces for one input of `length` tokens (one ordinary token,
+    inside the model's vocabulary whatever its size, repeated)."""
+    token = min(1000, encoder.shape.vocab_size // 2)
+    ids = torch.full((1, length), token, dtype=torch.long)
+    per_layer = []
     with torch.no_grad():
         x = encoder.embeddings(ids)
         valid = torch.ones_like(ids, dtype=torch.bool)
         for layer in encoder.layers:
             x, weights = layer(x, valid, need_weights=True)
-            counts.append(len(weights))
-    return counts
+            per_layer.append(weights)
+    return per_layer
+
+
+def analysis_layout(encoder: Encoder, length: int) -> list[int]:
+    """How many SlotWeights pieces each layer returns (fixed per variant; found by running it)."""
+    return [len(weights) for weights in layer_weights(encoder, length)]
 
 
 def full_attention_encoder(encoder: Encoder, capacity: int) -> Encoder:

@@ -13,10 +13,9 @@ variant's own PyTorch encoder, and the runner sends batches that fit in it there
 """
 from __future__ import annotations
 
-import torch
-
-from attnserve.models.api import Encoder
+from attnserve.export.graphs import layer_weights
 from attnserve.models import registry
+from attnserve.models.api import Encoder
 
 
 def length_multiple(variant: str, config) -> int:
@@ -52,15 +51,7 @@ def analysis_max_length(encoder: Encoder, multiple: int, capacity: int, max_leng
     n2 = min(capacity, 2 * n1)
 
     def elements(n) -> list[int]:
-        ids = torch.full((1, n), 1000, dtype=torch.long)
-        valid = torch.ones_like(ids, dtype=torch.bool)
-        counts = []
-        with torch.no_grad():
-            x = encoder.embeddings(ids)
-            for layer in encoder.layers:
-                x, weights = layer(x, valid, need_weights=True)
-                counts.append(sum(w.probs.numel() for w in weights))
-        return counts
+        return [sum(w.probs.numel() for w in weights) for weights in layer_weights(encoder, n)]
 
     if n2 <= n1:
         return max_length
