@@ -5,18 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def check_attention_formats(client, text: str, layer: int, atol: float) -> tuple[dict, np.ndarray, np.ndarray]:
+def check_attention_formats(client, text: str, layer: int, atol: float,
+                            opening: str = "[CLS]") -> tuple[dict, np.ndarray, np.ndarray]:
     """POST /attention for `text` in every format (client: httpx.Client or TestClient) and check
-    what holds for any model: the sparse map has one token per position starting with [CLS],
-    a rank-collapse ratio per layer and rows summing to 1; top_k keeps k entries a row; the
-    grid is square, covers every token and its rows sum to 1; png is a PNG. Returns the
-    sparse answer, its rows and its cols for the caller's own checks."""
+    what holds for any model: the sparse map has one token per position starting with the
+    model's `opening` token, a rank-collapse ratio per layer (/info's num_layers) and rows
+    summing to 1; top_k keeps k entries a row; the grid is square, covers every token and its
+    rows sum to 1; png is a PNG. Returns the sparse answer, its rows and its cols for the
+    caller's own checks."""
     r = client.post("/attention", json={"inputs": text, "layer": layer})
     assert r.status_code == 200, r.text[:500]
     body = r.json()
     n = body["n_tokens"]
-    assert body["tokens"][0] == "[CLS]" and len(body["tokens"]) == n
-    assert len(body["rank_collapse"]) == 6
+    assert body["tokens"][0] == opening and len(body["tokens"]) == n
+    assert len(body["rank_collapse"]) == client.get("/info").json()["num_layers"]
     rows, cols, vals = (np.array(body[k]) for k in ("rows", "cols", "values"))
     np.testing.assert_allclose(np.bincount(rows, weights=vals, minlength=n), 1, atol=atol)
     r = client.post("/attention", json={"inputs": text, "layer": layer, "head": 3, "top_k": 2})
