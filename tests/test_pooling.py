@@ -34,7 +34,7 @@ def test_pooling_modes(hidden):
 @pytest.mark.parametrize("bad, says", [({"mode": "max"}, "pooling must be one of"), ({"opening_weight": 1.5}, "opening_weight"), ({"opening_tokens": 0}, "opening_tokens")])
 def test_bad_pooling_is_a_clear_error(bad, says):
     with pytest.raises(ValueError, match=says):
-        Pooling(**bad)
+        Pooling(**{"mode": "opening", **bad})
 
 
 def test_token_chunks_tile_the_text():
@@ -73,3 +73,23 @@ def test_python_and_http_share_one_default_pooling():
         assert pooling_for(own) == default_pooling({"model": {"pooling": own}}) == expected
     opening = Pooling("opening", opening_tokens=4)
     assert [opening.applied_mode(n) for n in (5, 6, 7)] == ["mean", "mean", "opening"]
+
+
+def test_every_path_takes_its_default_pooling_from_the_contract():
+    """No second default: Pooling names no mode of its own, and the backend (server, batcher,
+    Embedder) and serve's settings fall back to contract.pooling.default_pooling of the export."""
+    from attnserve.contract.pooling import DEFAULT_POOLING, default_pooling
+    from attnserve.service.app import deployment_pooling
+    from attnserve.service.backend import Backend
+    from attnserve.service.settings import Settings
+    from http_fakes import FakeRunner
+
+    with pytest.raises(TypeError):
+        Pooling()
+    mean_model, cls_model = FakeRunner(), FakeRunner()
+    cls_model.manifest = {**cls_model.manifest, "model": {"pooling": "cls"}}
+    assert Backend(mean_model).pooling == Pooling(DEFAULT_POOLING) and Backend(cls_model).pooling == Pooling("cls")
+    assert Settings().pooling is None
+    for runner in (mean_model, cls_model):
+        assert deployment_pooling(Settings(), runner) == default_pooling(runner.manifest)
+        assert deployment_pooling(Settings(pooling="mean"), runner) == "mean"

@@ -46,7 +46,7 @@ class Pooling:
     its details; a document that fits in one such chunk gets its mean vector.
     """
 
-    mode: str = "mean"
+    mode: str
     opening_weight: float = 0.35
     opening_tokens: int = 256
 

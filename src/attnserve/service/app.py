@@ -49,9 +49,7 @@ def load_runner(settings: Settings) -> tuple[Runner, Path]:
 def deployment_pooling(settings: Settings, runner: Runner) -> str:
     """The pooling mode served: --pooling where it is set, else the export's default (the
     model's own where it is cls or lasttoken: contract.pooling.default_pooling)."""
-    if "pooling" in settings.model_fields_set:
-        return settings.pooling
-    return default_pooling(getattr(runner, "manifest", None))
+    return settings.pooling or default_pooling(getattr(runner, "manifest", None))
 
 
 def create_app(settings: Settings | None = None, runner: Runner | None = None, tokenizer_path=None) -> FastAPI:

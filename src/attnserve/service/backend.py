@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost
-from attnserve.contract.pooling import Pooling
+from attnserve.contract.pooling import Pooling, default_pooling
 
 
 @runtime_checkable
@@ -37,7 +37,8 @@ class Runner(Protocol):
         """The sequence length a batch whose longest input has n tokens runs at."""
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """(B, hidden) float32: the graph's L2-normalised mean-pooled embeddings."""
+        """(B, hidden) float32: the graph's sentence_embedding, pooled as the model pools and
+        L2-normalised where it has a Normalize module (manifest.json's model)."""
 
     def hidden_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, N, hidden) float32: every token's last hidden state."""
@@ -57,11 +58,12 @@ class Runner(Protocol):
 
 class Backend:
     """A runner and the deployment's pooling: token ids in, pooled vectors, reduced token
-    vectors or attention maps out. Called in the batcher's inference thread."""
+    vectors or attention maps out. Called in the batcher's inference thread. `pooling`: what
+    the deployment pools by (None: the export's default, contract.pooling.default_pooling)."""
 
     def __init__(self, runner: Runner, pooling: Pooling | None = None):
         self.runner = runner
-        self.pooling = pooling or Pooling()
+        self.pooling = pooling or Pooling(default_pooling(getattr(runner, "manifest", None)))
         # How the graph's own sentence_embedding is pooled: the model's pooling (manifest.json's
         # model; older exports: the bundled model's mean, normalised).
         model = (getattr(runner, "manifest", None) or {}).get("model") or {}
@@ -69,10 +71,12 @@ class Backend:
 
     def embed(self, ids: np.ndarray, mask: np.ndarray, normalize: bool = True, query: bool = False) -> np.ndarray:
         """(B, hidden) float32, each input pooled as the deployment's pooling says (queries:
-        its pooling for queries). The model's own pooling, normalised, is the graph's own output
-        and needs no token vectors."""
+        its pooling for queries). Where every input's pooling comes to the model's own (opening
+        is the mean for a text within its opening), normalised, the graph's own output is it and
+        no token vectors are needed (Encoder.embed takes the same rule)."""
         pooling = self.pooling.for_queries if query else self.pooling
-        if pooling.mode == self.graph_pooling and normalize and self.graph_normalizes:
+        lengths = mask.sum(1)
+        if normalize and self.graph_normalizes and all(pooling.applied_mode(int(n)) == self.graph_pooling for n in lengths):
             return self.runner.embed(ids, mask).astype(np.float32, copy=False)
         return np.stack(self.reduce(ids, mask, [lambda hidden: pooling(hidden, normalize=normalize)] * len(ids)))
 

@@ -104,7 +104,8 @@ class _BatchResult:
 
 
 class TokenBudgetBatcher:
-    """Batches for `runner`, run through a Backend of it and `pooling` (default: mean)."""
+    """Batches for `runner`, run through a Backend of it and `pooling` (None: the export's
+    default pooling)."""
 
     def __init__(self, runner: Runner, max_batch_tokens: int, max_batch_requests: int, max_concurrent_requests: int, on_queue_change=None,
                  on_batch=None, max_queued_tokens: int = 0, pooling: Pooling | None = None, by_length: bool = True):

@@ -18,7 +18,7 @@ import numpy as np
 from attnserve.service.backend import Backend
 from attnserve.service.batching import default_batch_tokens, pad
 from attnserve.contract.export_format import TOKENIZER_FILE
-from attnserve.contract.pooling import Pooling, default_pooling
+from attnserve.contract.pooling import Pooling
 from attnserve.service.packing import length_batches
 from attnserve.service.runtime import OnnxRunner
 from attnserve.service.tokenizer import TextTokenizer
@@ -35,7 +35,7 @@ class Embedder:
                  max_batch_tokens: int = 0, max_batch: int = 32):
         self.runner = OnnxRunner(export_dir, providers=providers, intra_op_threads=threads)
         self.tokenizer = TextTokenizer(Path(export_dir) / TOKENIZER_FILE, self.runner.max_length)
-        self.backend = Backend(self.runner, pooling or Pooling(default_pooling(self.runner.manifest)))
+        self.backend = Backend(self.runner, pooling)
         self.max_batch_tokens = max_batch_tokens or default_batch_tokens(self.runner.provider)
         self.max_batch = min(max_batch, self.runner.max_batch)
 

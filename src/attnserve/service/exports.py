@@ -200,12 +200,7 @@ def ensure_export(settings: Settings) -> Path:
 
 def export_command(settings: Settings) -> str:
     """The `attnserve export` command line that makes the export these settings serve, into DIR."""
-    params = "".join(f" --param {param_arg(key, value)}" for key, value in settings.params.items())
-    params = (f" --model {shlex.quote(str(settings.model))}" if settings.model is not None else "") + params
-    weights = f" --weights {settings.weights}" if settings.weights is not None else ""
-    precision = f" --precision {settings.precision}" if settings.precision != DEFAULT_PRECISION else ""
-    return (f"attnserve export --variant {shlex.quote(settings.variant)}{params} --max-length {settings.max_length}"
-            f"{precision}{weights} --out DIR")
+    return shlex.join(["attnserve", "export", *exporter_args(settings)]) + " --out DIR"
 
 
 def check_export_target(target: Path) -> None:

@@ -284,7 +284,9 @@ class OnnxRunner:
         return result
 
     def embed(self, input_ids, attention_mask) -> np.ndarray:
-        """(B, hidden) float32 L2-normalised mean-pooled embeddings."""
+        """(B, hidden) float32: the graph's sentence_embedding, pooled as the model pools (its
+        1_Pooling mode) and L2-normalised where the model has a Normalize module (manifest.json's
+        model)."""
         return self.run(input_ids, attention_mask, ("sentence_embedding",))["sentence_embedding"]
 
     def hidden_states(self, input_ids, attention_mask) -> np.ndarray:

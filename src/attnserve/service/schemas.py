@@ -134,7 +134,7 @@ class EmbedRequest(_TruncationDirection, _Strict):
     inputs: TextOrTexts
     truncate: bool = Field(False, description="cut inputs longer than max_length tokens instead of answering 413")
     truncation_direction: TruncationDirection = "right"
-    normalize: bool = Field(True, description="L2-normalised embeddings; false returns the mean-pooled hidden states as they are")
+    normalize: bool = Field(True, description="L2-normalised embeddings; false returns the pooled hidden states (the deployment's pooling) as they are")
     prompt_name: PromptName = None
     input_type: InputType | None = None
 

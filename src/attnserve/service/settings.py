@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     precision: Literal[PRECISIONS] = Field(DEFAULT_PRECISION, description="of the export's weight matrix products: float32 (as trained), int8 (dynamic quantization: for CPUs) or float16 (for GPUs); exported so on first start (`attnserve variants` lists the variants that cannot take one)")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "lasttoken", "opening"] = Field(DEFAULT_POOLING, description="token vectors -> one vector for /embed and /v1/embeddings (left unset: the model's own pooling where it is cls or lasttoken): mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)")
+    pooling: Literal["mean", "cls", "lasttoken", "opening"] | None = Field(None, description=f"token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean); none: the model's own pooling where it is cls or lasttoken, else {DEFAULT_POOLING}")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
     opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
 
@@ -131,7 +131,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     flags left out fall back to ATTNSERVE_* and defaults."""
     for name, field in Settings.model_fields.items():
         help_text = f"{field.description} (default: {_shown_default(field)}; env ATTNSERVE_{name.upper()})".replace("%", "%%")
-        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is Literal else None
+        literal = next((a for a in (field.annotation, *typing.get_args(field.annotation)) if typing.get_origin(a) is Literal), None)
+        choices = typing.get_args(literal) if literal is not None else None
         if name == "params":
             parser.add_argument("--param", dest="params", action="append", metavar="KEY=VALUE", help=help_text)
         else:
