@@ -86,11 +86,12 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
     from attnserve.train.context_cache import CacheWriter
     from attnserve.models.documents import read_jsonl
     from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
     from attnserve.train.context_runtime import ContextHeads
     from attnserve.contract.pooling import Pooling, naive_chunk_ids, pool_chunks
 
     recipe = meta["recipe"]
-    export_dir = cached_export(models_dir, recipe["variant"], recipe["parameters"], recipe["max_length"])
+    export_dir = cached_export(models_dir, Recipe.resolve(recipe["variant"], recipe["parameters"], recipe["max_length"]))
     writer = CacheWriter(export_dir, meta["chunk_tokens"], threads)
     heads = ContextHeads(heads_dir, recipe["variant"], writer.runner.hidden_size) if heads_dir else None
     docs = [writer.encode(r["text"]) for r in read_jsonl(data, n)]

@@ -177,14 +177,14 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     """The variant's LongContextEncoder with BERT's random initialisation drawn from `seed`
     (normal(0, 0.02) embeddings and projections, zero biases, unit layer norms) in the places the
     pretrained weights fill; the variant's own parameters keep the initialisation they get from
-    the config, as models.pretrained.load_bert_weights leaves them. Built on the CPU, identical in
+    the config, as models.pretrained.load_pretrained leaves them. Built on the CPU, identical in
     every process."""
     import torch
     from torch import nn
 
-    from attnserve.models.encoder import BertShape, LongContextEncoder
-    from attnserve.export.exporter import length_multiple
-    from attnserve.models.registry import make_config
+    from attnserve.models.encoder import LongContextEncoder
+    from attnserve.models.families.bert import FAMILY, BertShape
+    from attnserve.models.registry import length_multiple, make_config
 
     class SeededEncoder(LongContextEncoder):
         """What models.export needs of models.api.Encoder, without its tokenizer."""
@@ -195,10 +195,11 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
         def variant(self) -> str:
             return self.attention_config.variant
 
-    multiple = length_multiple(variant, make_config(variant, max_length))
+    config = make_config(variant, max_length)
+    multiple = length_multiple(config)
     capacity = -(-max_length // multiple) * multiple  # the graph runs on inputs padded to the multiple
     torch.manual_seed(seed)
-    encoder = SeededEncoder(BertShape(), make_config(variant, capacity), capacity)
+    encoder = SeededEncoder(FAMILY, BertShape(), config, capacity)
     own = {id(p) for layer in encoder.layers for p in layer.attention.parameters()}
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -211,7 +212,7 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
 
 
 def stand_in_model(tokenizer_dir: str, seed: int, shape):
-    """What export_encoder records of the model (encoder.model) and copies its tokenizer.json
+    """What export_model records of the model (encoder.model) and copies its tokenizer.json
     from: the seeded random weights, named by their seed, with the stand-in tokenizer."""
     import dataclasses
 
@@ -223,7 +224,7 @@ def stand_in_model(tokenizer_dir: str, seed: int, shape):
 
 
 def write_stand_in_tokenizer(directory: Path) -> Path:
-    """export_encoder copies the model's tokenizer.json (encoder.model.dir's) beside the
+    """export_model copies the model's tokenizer.json (encoder.model.dir's) beside the
     graphs, for serving. These exports hold random weights and are never served,
     and the GPU machine has no weights package: a WordPiece tokenizer of BERT's special tokens
     alone stands in for it."""
@@ -244,7 +245,8 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     the same models code (its sha256), already in out_dir is reused."""
     import torch
 
-    from attnserve.export import exporter as export
+    from attnserve.export.exporter import export_model
+    from attnserve.export.recipe import Recipe
     from attnserve.contract.export_format import ExportError, code_sha256, read_manifest
 
     out = Path(out_dir)
@@ -265,8 +267,8 @@ def export_variant(variant: str, max_length: int, out_dir: str, seed: int, threa
     encoder = seeded_encoder(variant, max_length, seed)
     encoder.model = stand_in_model(tokenizer_dir, seed, encoder.shape)
     with open(out.parent / f"{variant}.export.log", "w") as log_file:
-        export.export_encoder(encoder, out, max_length=max_length, analysis=False, verify=False, precision=precision,
-                              log=lambda message: print(message, file=log_file, flush=True))
+        recipe = Recipe.of_encoder(encoder, max_length, analysis=False, precision=precision)
+        export_model(recipe, out, verify=False, encoder=encoder, log=lambda message: print(message, file=log_file, flush=True))
     manifest = read_manifest(out)
     stamp.update(sha256=manifest.sha256, length_multiple=manifest.length_multiple,
                  graphs=sorted(name for name, graph in manifest.graphs if graph is not None),

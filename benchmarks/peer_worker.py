@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 def load(system: str, model_dir: str, threads: int):
-    """encode(texts) -> (len(texts), dim) float32 array, L2-normalised, mean-pooled."""
+    """encode(texts) -> (len(texts), dim) float32 array: the model's own pooling, L2-normalised."""
     if system == "sentence-transformers":
         import torch
         from sentence_transformers import SentenceTransformer

@@ -77,6 +77,7 @@ def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: in
     import torch
 
     from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
@@ -88,8 +89,8 @@ def bench_precision(variants, lengths, precisions, repeats: int = 5, threads: in
             for precision in precisions:
                 started = time.perf_counter()
                 try:
-                    export_dir = cached_export(root, variant, {}, max(lengths), analysis=False, precision=precision,
-                                               log=lambda m: None)
+                    recipe = Recipe.resolve(variant, {}, max(lengths), analysis=False, precision=precision)
+                    export_dir = cached_export(root, recipe, log=lambda m: None)
                 except ValueError as exc:  # a precision the variant cannot take
                     log(f"{variant} {precision}: {exc}")
                     rows.append({"variant": variant, "precision": precision, "error": str(exc)})
@@ -170,7 +171,7 @@ def precision_table(rows: list[dict], precisions: list[str]) -> list[str]:
 
 class ExportedEncoder:
     """A variant's export at one precision, scored the way benchmarks.quality scores a PyTorch
-    encoder: tokenizer, tokenize(), token_states() and embed_ids() (mean-pooled)."""
+    encoder: tokenizer, tokenize(), token_states() and embed_ids() (the model's own pooling)."""
 
     def __init__(self, export_dir: Path, threads: int = 0):
         from tokenizers import Tokenizer

@@ -168,11 +168,12 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
         encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     else:
         from attnserve.export.exporter import cached_export
+        from attnserve.export.recipe import Recipe
         from benchmarks.precision import ExportedEncoder
 
         # With its attention maps: the export `attnserve serve --precision` makes, so it serves the one scored here.
-        export_dir = cached_export(Path(args.exports_dir).expanduser(), variant, params, args.max_length,
-                                   weights=weights_dir, precision=precision, log=lambda m: print(m, flush=True))
+        recipe = Recipe.resolve(variant, params, args.max_length, weights=weights_dir, precision=precision)
+        export_dir = cached_export(Path(args.exports_dir).expanduser(), recipe, log=lambda m: print(m, flush=True))
         encoder, system = ExportedEncoder(export_dir, torch.get_num_threads()), f"{system}@{precision}"
     weights = [float(w) for w in str(args.opening_weight).split(",") if w]
     poolings = {}

@@ -78,13 +78,19 @@ def _inputs(batch: int, length: int):
     return ids, torch.ones_like(ids)
 
 
-def _export(variant: str, max_length: int, root: Path, optimize: bool, log, params: dict | None = None) -> Path:
-    """The export of `variant` (with `params`) under root, reused when root already holds one of
-    the same recipe (--exports-dir keeps them between runs; `attnserve serve --models-dir` finds
-    them too)."""
+def _recipe(variant: str, max_length: int, optimize: bool = False, params: dict | None = None):
+    """The recipe the benchmark exports `variant` (with `params`) by: embedding graphs only."""
+    from attnserve.export.recipe import Recipe
+
+    return Recipe.resolve(variant, params, max_length, analysis=False, optimize=optimize)
+
+
+def _export(recipe, root: Path, log) -> Path:
+    """The export of `recipe` under root, reused when root already holds it (--exports-dir keeps
+    them between runs; `attnserve serve --models-dir` finds them too)."""
     from attnserve.export.exporter import cached_export
 
-    return cached_export(root, variant, params or {}, max_length, analysis=False, optimize=optimize, log=log)
+    return cached_export(root, recipe, log=log)
 
 
 def _available_bytes() -> int:
@@ -102,7 +108,7 @@ def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) 
     """Memory ONNX Runtime's CPU Attention op needs for a variant that scores every query
     against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
     scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
-    from attnserve.export.exporter import HEADS_PER_NODE
+    from attnserve.export.graphs import HEADS_PER_NODE
     from attnserve.models.registry import dense_keys
 
     keys = dense_keys(config, length)
@@ -113,9 +119,6 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
                   log=print, params: dict[str, dict] | None = None) -> list[dict]:
     """Eager PyTorch and ONNX Runtime times of each variant at each length; params: {variant:
     its parameters} for those not run at their defaults."""
-    from attnserve.models import load_encoder
-    from attnserve.export.exporter import length_multiple
-    from attnserve.models.registry import make_config
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
@@ -130,13 +133,13 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
         started = time.perf_counter()
         own = (params or {}).get(variant, {})
         try:
-            export_dir = _export(variant, max_length, root, optimize, log, own)
+            recipe = _recipe(variant, max_length, optimize, own)
+            export_dir = _export(recipe, root, log)
         except Exception as exc:  # one variant failing must not hide the others' numbers
             log(f"{variant}: export failed: {exc}")
             rows.append({"variant": variant, "error": str(exc)[:300]})
             continue
-        multiple = length_multiple(variant, make_config(variant, max_length, **own))
-        encoder = load_encoder(variant, -(-max_length // multiple) * multiple, **own)
+        encoder = recipe.encoder()
         runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
         warm_ids, warm_mask = _inputs(batch, min(lengths))
         with torch.no_grad():
@@ -191,8 +194,8 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     padded main-graph call, ONNX Runtime's spinning threads slow whatever runs next). Rows:
     variant, length, exact_up_to, graph (the one the runner chose), padded_to, ms, ratio, and
     for variants with a short graph main_ms / main_ratio (their main graph alone)."""
-    from attnserve.export.exporter import short_graph_length
-    from attnserve.models.registry import exact_up_to, make_config
+    from attnserve.export.lengths import short_graph_length
+    from attnserve.models.registry import exact_up_to
     from attnserve.service.runtime import OnnxRunner
 
     threads = threads or torch.get_num_threads()
@@ -202,13 +205,14 @@ def bench_short_inputs(variants, lengths=SHORT_LENGTHS, max_length=SHORT_EXPORT_
     runners, main_only, exact = {}, {}, {}
     try:
         for i, variant in enumerate(names, 1):
-            config = make_config(variant, max_length)
+            recipe = _recipe(variant, max_length)
+            config = recipe.config
             exact[variant] = exact_up_to(config, max_length)
             progress(f"[{i}/{len(names)}] exporting {variant} (max_length {max_length}"
                      f"{', with a short graph' if short_graph_length(config, max_length) else ''})")
             started = time.perf_counter()
             # Exported with its check: both graphs against the variant's PyTorch encoder.
-            export_dir = _export(variant, max_length, root, False, log=lambda m: None)
+            export_dir = _export(recipe, root, log=lambda m: None)
             runners[variant] = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads)
             if runners[variant].short_max_length:
                 main_only[variant] = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=threads,
@@ -287,16 +291,15 @@ def output_pruning(variant: str, length: int, threads: int = 0, repeats: int = 5
     asked for the embedding alone vs for everything, beside the embedding-only graph."""
     from torch import nn
 
-    from attnserve.models import load_encoder
-    from attnserve.export.exporter import (EMBEDDING_OUTPUTS, AnalysisGraph, EmbeddingGraph, export_graph, ort_session,
-                               analysis_layout, length_multiple, pad_to)
-    from attnserve.models.registry import make_config
+    from attnserve.contract.export_format import EMBEDDING_OUTPUTS, pad_to
+    from attnserve.export.graphs import AnalysisGraph, EmbeddingGraph, analysis_layout, export_graph
+    from attnserve.export.verify import ort_session
 
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    multiple = length_multiple(variant, make_config(variant, length))
-    capacity = -(-length // multiple) * multiple
-    encoder = load_encoder(variant, capacity).eval()
+    recipe = _recipe(variant, length)
+    multiple, capacity = recipe.length_multiple, recipe.capacity
+    encoder = recipe.encoder()
 
     class CombinedGraph(nn.Module):
         def __init__(self):

@@ -33,24 +33,23 @@ def export_path(variant: str, max_length: int, *, analysis: bool = True, params:
     import torch
 
     from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
 
     torch.set_num_threads(2)
-    return cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=analysis, verify=False, log=lambda message: None)
+    recipe = Recipe.resolve(variant, params, max_length, analysis=analysis)
+    return cached_export(EXPORTS_ROOT, recipe, verify=False, log=lambda message: None)
 
 
 def get_export(variant: str, max_length: int, analysis: bool = False, **params):
     """(export_dir, encoder): the cached export and a PyTorch encoder of the same recipe (loads
     are deterministic: tests/test_encoder.py::test_two_loads_are_identical)."""
-    from attnserve.models import load_encoder
-    from attnserve.export.exporter import length_multiple
-    from attnserve.models.registry import make_config
+    from attnserve.export.recipe import Recipe
 
     analysis = analysis or (variant, max_length) == (SHARED_VARIANT, SHARED_MAX_LENGTH)
     export_dir = export_path(variant, max_length, analysis=analysis, params=params)
     key = (variant, max_length, tuple(sorted(params.items())))
     if key not in _ENCODERS:
-        multiple = length_multiple(variant, make_config(variant, max_length, **params))
-        _ENCODERS[key] = load_encoder(variant, -(-max_length // multiple) * multiple, **params)
+        _ENCODERS[key] = Recipe.resolve(variant, params, max_length).encoder()
     return export_dir, _ENCODERS[key]
 
 

@@ -97,9 +97,10 @@ def test_adapted_export_matches_pytorch(adapted, tmp_path):
 
     from attnserve.models.api import pad_batch
     from attnserve.export.exporter import export_model
+    from attnserve.export.recipe import Recipe
 
     out, _ = adapted
-    export_model("linformer", {"k": 32}, MAX_LENGTH, tmp_path, analysis=False, weights=out, log=lambda *a: None)
+    export_model(Recipe.resolve("linformer", {"k": 32}, MAX_LENGTH, analysis=False, weights=out), tmp_path, log=lambda *a: None)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["weights"]["sha256"] == json.loads((out / "adapt.json").read_text())["weights_sha256"]
     encoder = load_encoder("linformer", MAX_LENGTH, weights=out, k=32)

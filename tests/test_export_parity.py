@@ -24,7 +24,8 @@ from discrete_decisions import replayed_orders
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export, padded_batch
 from attnserve.models import variant_names
 from attnserve.models.encoder import rank_collapse_ratio
-from attnserve.export.exporter import DISCONTINUOUS_MIN_COSINE, cosines, is_discontinuous
+from attnserve.export.verify import DISCONTINUOUS_MIN_COSINE, cosines
+from attnserve.models.registry import is_discontinuous, make_config
 
 LONG = 2050
 CASES = [[77], [1001, 640, 13], [LONG]]
@@ -58,7 +59,7 @@ def test_the_shared_export_matches_pytorch_at_its_full_length():
 def check_parity(variant: str, max_length: int, cases: list[list[int]]) -> None:
     from attnserve.service.runtime import OnnxRunner
 
-    discontinuous = is_discontinuous(variant)
+    discontinuous = is_discontinuous(make_config(variant, max_length))
     export_dir, encoder = get_export(variant, max_length, analysis=discontinuous)
     runner = OnnxRunner(export_dir, providers=["CPUExecutionProvider"], intra_op_threads=2)
     assert runner.max_length == max_length and runner.variant == variant

@@ -30,7 +30,7 @@ def runner(export):
 def test_manifest_describes_the_export(export):
     import onnx
 
-    from attnserve.export.exporter import sha256
+    from attnserve.contract.export_format import sha256
 
     export_dir, encoder = export
     manifest = json.loads((export_dir / "manifest.json").read_text())
@@ -203,7 +203,7 @@ def test_missing_model_is_a_clear_error(export, tmp_path):
 
 
 def test_corrupt_model_is_a_clear_error(export, tmp_path):
-    from attnserve.export.exporter import sha256
+    from attnserve.contract.export_format import sha256
     from attnserve.service.runtime import ExportError, OnnxRunner
 
     target = _copy(export, tmp_path)
@@ -260,7 +260,7 @@ class _ShapeBranch(nn.Module):
 
 
 def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
-    from attnserve.export.exporter import ExportFailed, export_graph
+    from attnserve.export.graphs import ExportFailed, export_graph
 
     with pytest.raises(ExportFailed, match="torch.export could not trace model.onnx with dynamic batch and sequence"):
         export_graph(_ShapeBranch(), tmp_path / "model.onnx", ["a", "b", "c"], 1, 1024, 8, 23, False, lambda m: None)

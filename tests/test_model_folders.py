@@ -161,10 +161,12 @@ def test_info_and_embeddings_name_the_model(folders, xlmr_export):
 def test_a_lasttoken_model_without_normalize_exports_its_own_pooling(folders, tmp_path):
     """The graph's sentence_embedding is the model's: the last token's vector, not normalised."""
     from attnserve.export.exporter import export_model
+    from attnserve.export.recipe import Recipe
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.tokenizer import TextTokenizer
 
-    out = export_model("full", {}, 512, tmp_path / "export", analysis=False, model=folders["bert-lasttoken"], log=lambda *a: None)
+    recipe = Recipe.resolve("full", {}, 512, analysis=False, model=folders["bert-lasttoken"])
+    out = export_model(recipe, tmp_path / "export", log=lambda *a: None)
     runner = OnnxRunner(out, intra_op_threads=1)
     tokenized = TextTokenizer(out / "tokenizer.json", 512).encode(TEXTS[:1], truncate=False)
     ids = np.array([tokenized[0].ids])
@@ -220,7 +222,8 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written(folders, tmp_path, capsys, case):
-    from attnserve.export.exporter import cached_export, main
+    from attnserve.export.exporter import main
+    from attnserve.export.recipe import Recipe
 
     change, message = REFUSALS[case]
     folder = broken(folders["bert-mean"], tmp_path, change)
@@ -230,10 +233,9 @@ def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written
     assert said.startswith("attnserve export: error: ") and str(folder) in said
     assert __import__("re").search(message, said), said
     assert not out.exists()
-    cache = tmp_path / "cache"
+    # The recipe reads the folder: it is refused before any cache folder, lock or export exists.
     with pytest.raises(ModelError):
-        cached_export(cache, "full", {}, 512, model=folder, log=None)
-    assert list(cache.iterdir()) == []  # no scratch folder, no lock, no export
+        Recipe.resolve("full", {}, 512, model=folder)
 
 
 def test_serve_refuses_such_a_folder_with_exit_2(folders, tmp_path, capsys):

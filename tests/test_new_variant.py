@@ -24,6 +24,7 @@ def uniform_export(tmp_path_factory):
     from attnserve.models import load_encoder, variant_names
     from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights
     from attnserve.export.exporter import export_model
+    from attnserve.export.recipe import Recipe
     from attnserve.models.registry import register_attention, unregister_attention
 
     shipped = variant_names()
@@ -53,7 +54,7 @@ def uniform_export(tmp_path_factory):
         torch.set_num_threads(2)
         out = tmp_path_factory.mktemp("uniform-export")
         # With the export-time parity check: ONNX Runtime against PyTorch at two lengths.
-        export_model(NAME, {}, MAX_LENGTH, out, log=lambda message: None)
+        export_model(Recipe.resolve(NAME, {}, MAX_LENGTH), out, log=lambda message: None)
         encoder = load_encoder(NAME, MAX_LENGTH).eval()
         yield out, encoder
     finally:

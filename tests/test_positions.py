@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from export_helpers import get_export, padded_batch
-from attnserve.models.encoder import interpolated_positions, look_up, query_scale
+from attnserve.models.positions import interpolated_positions, look_up, query_scale
 from attnserve.models.registry import make_config
 
 SCHEMES = [("recurrent", True), ("grouped", False), ("grouped", True), ("interpolated", False), ("interpolated", True)]

@@ -22,10 +22,11 @@ TEXT = " ".join(f"word{i % 50} is a token of the test text" for i in range(40)) 
 def converted(variant: str, max_length: int, params: dict, precision: str):
     """(converted export, float32 export, PyTorch float32 encoder), checked against PyTorch."""
     from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
 
     base, encoder = get_export(variant, max_length, analysis=True, **params)
-    export_dir = cached_export(EXPORTS_ROOT, variant, params, max_length, analysis=True, verify=True, precision=precision,
-                               log=lambda message: None)
+    recipe = Recipe.resolve(variant, params, max_length, analysis=True, precision=precision)
+    export_dir = cached_export(EXPORTS_ROOT, recipe, verify=True, log=lambda message: None)
     return export_dir, base, encoder
 
 
@@ -81,14 +82,13 @@ def graph_contents(path) -> tuple[set[str], set[int]]:
 
 
 def test_the_export_cache_keys_on_precision():
-    from attnserve.export.exporter import export_recipe
-    from attnserve.models.registry import make_config
+    from attnserve.export.recipe import Recipe
     from attnserve.contract.export_format import export_name, read_manifest
     from attnserve.service.exports import export_path
     from attnserve.service.settings import Settings
 
-    config = make_config(HTTP_VARIANT, HTTP_MAX_LENGTH)
-    recipes = {p: export_recipe(config, HTTP_MAX_LENGTH, precision=p) for p in ("float32", "int8", "float16")}
+    recipe = Recipe.resolve(HTTP_VARIANT, {}, HTTP_MAX_LENGTH)
+    recipes = {p: recipe.at_precision(p).record() for p in ("float32", "int8", "float16")}
     names = {p: export_name(r) for p, r in recipes.items()}
     assert len(set(names.values())) == 3 and "-int8-" in names["int8"] and "-float16-" in names["float16"]
     assert {k for k in recipes["int8"] if recipes["int8"][k] != recipes["float32"][k]} == {"precision", "versions"}
@@ -117,6 +117,7 @@ def test_float16_keeps_index_arithmetic_in_float32():
     """Linformer turns positions into gather indices through float arithmetic: rounded to
     float16, indices past 2,048 collide (onnxruntime.transformers.float16 fails here)."""
     from attnserve.export.exporter import convert_export
+    from attnserve.export.recipe import Recipe
     from attnserve.contract.export_format import read_manifest
 
     base, encoder = get_export("linformer", 2050)
@@ -125,7 +126,8 @@ def test_float16_keeps_index_arithmetic_in_float32():
 
     shutil.rmtree(out, ignore_errors=True)
     try:
-        convert_export(base, out, "float16", encoder, log=lambda message: None)
+        recipe = Recipe.resolve("linformer", {}, 2050, analysis=False, precision="float16")
+        convert_export(base, out, recipe, encoder, log=lambda message: None)
         assert read_manifest(out).verified["min_cosine_sentence_embedding"] >= 0.999
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -50,8 +50,7 @@ def test_a_bad_schedule_is_exit_2_on_the_command_line(capsys):
 
 
 def test_spellings_of_one_schedule_are_one_config_and_a_uniform_one_is_the_plain_variant():
-    from attnserve.export.exporter import export_recipe
-    from attnserve.contract.export_format import export_name
+    from attnserve.export.recipe import Recipe
 
     assert make_config("local,local,full", 4096).variant == "local*2,full"
     assert make_config("local*2,full,local,local,full", 4096) == make_config("local,local,full", 4096)
@@ -59,7 +58,7 @@ def test_spellings_of_one_schedule_are_one_config_and_a_uniform_one_is_the_plain
     # What recipes, manifests and adapt.json record makes the same config again.
     config = make_config("linformer*5,longformer", 4096, window=128)
     assert config.as_params()["longformer.window"] == 128 and make_config(config.variant, 4096, **config.as_params()) == config
-    name = export_name(export_recipe(make_config("linformer*5,longformer", 4096), 4096))
+    name = Recipe.resolve("linformer*5,longformer", {}, 4096).name()
     assert name.startswith("linformer-x5.longformer-L4096-")  # a folder name: no * or ,
 
 
@@ -110,12 +109,14 @@ def exported():
 
 
 def test_a_schedule_exports_with_parity(exported):
-    from attnserve.export.exporter import EMBEDDING_TOL, length_multiple, ort_session, pad_to
+    from attnserve.contract.export_format import pad_to
+    from attnserve.export.verify import EMBEDDING_TOL, ort_session
+    from attnserve.models.registry import length_multiple
     from export_helpers import padded_batch
 
     export_dir, encoder = exported
     session = ort_session(export_dir / "model.onnx")
-    multiple = length_multiple(SCHEDULE, encoder.attention_config)
+    multiple = length_multiple(encoder.attention_config)
     for lengths in ([300], [77, 200, 131]):
         ids, mask = padded_batch(lengths, seed=len(lengths))
         with torch.no_grad():

@@ -81,20 +81,21 @@ def test_exact_up_to_is_where_the_variant_equals_full_attention(name, params):
 
 
 def test_length_multiples_and_discontinuity_live_on_the_variants():
-    from attnserve.export.exporter import is_discontinuous, length_multiple
+    from attnserve.models.registry import is_discontinuous, length_multiple
 
-    defaults = {name: length_multiple(name, make_config(name, 16384)) for name in variant_names()}
+    defaults = {name: length_multiple(make_config(name, 16384)) for name in variant_names()}
     assert defaults == {"full": 1, "local": 256, "strided": 256, "global": 32, "longformer": 256, "bigbird": 64,
                         "lsh": 64, "sinkhorn": 64, "linformer": 1, "compressed": 3, "synthesizer": 1}
-    assert length_multiple("strided", make_config("strided", 4096, stride=2, window=10)) == 10
-    assert length_multiple("compressed", make_config("compressed", 4096, kernel=4, stride=2)) == 4
-    assert length_multiple("local", make_config("local", 4096, window=3)) == 1
-    assert [name for name in variant_names() if is_discontinuous(name)] == ["lsh"]
+    assert length_multiple(make_config("strided", 4096, stride=2, window=10)) == 10
+    assert length_multiple(make_config("compressed", 4096, kernel=4, stride=2)) == 4
+    assert length_multiple(make_config("local", 4096, window=3)) == 1
+    assert [name for name in variant_names() if is_discontinuous(make_config(name, 4096))] == ["lsh"]
+    assert is_discontinuous(make_config("lsh*5,longformer", 4096)) and not is_discontinuous(make_config("local,full", 4096))
 
 
 def test_which_exports_get_a_short_graph():
     """Only where inputs of more than one granule are exact: padding is then needless."""
-    from attnserve.export.exporter import short_graph_length
+    from attnserve.export.lengths import short_graph_length
 
     lengths = {name: short_graph_length(make_config(name, 16384), 16384) for name in variant_names()}
     assert lengths == {"full": 0, "local": 257, "strided": 0, "global": 0, "longformer": 258, "bigbird": 320,
@@ -107,7 +108,7 @@ def test_adapted_parameters_that_break_exactness_get_no_short_graph():
     import torch
 
     from attnserve.models import load_encoder
-    from attnserve.export.exporter import short_graph_length
+    from attnserve.export.lengths import short_graph_length
 
     encoder = load_encoder("linformer", max_length=1024)
     config = encoder.attention_config
@@ -124,8 +125,9 @@ def test_linformers_short_graph_is_verified_against_linformer(tmp_path):
     import json
 
     from attnserve.export.exporter import export_model
+    from attnserve.export.recipe import Recipe
 
-    export_model("linformer", {}, 512, tmp_path, analysis=False)
+    export_model(Recipe.resolve("linformer", {}, 512, analysis=False), tmp_path)
     short = json.loads((tmp_path / "manifest.json").read_text())["graphs"]["short"]
     assert short["max_length"] == 256 and short["verified"]
 
@@ -166,7 +168,7 @@ def runner(export):
 def test_the_manifest_lists_the_short_graph(export):
     import onnx
 
-    from attnserve.export.exporter import EMBEDDING_OUTPUTS, sha256
+    from attnserve.contract.export_format import EMBEDDING_OUTPUTS, sha256
 
     export_dir, _ = export
     manifest = json.loads((export_dir / "manifest.json").read_text())

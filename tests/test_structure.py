@@ -89,6 +89,62 @@ def test_the_contract_imports_only_itself_numpy_pydantic_and_the_standard_librar
     assert outside == []
 
 
+def import_graph() -> dict[str, set[str]]:
+    """{module: the modules of the package its import statements name} (inside functions too:
+    an import deferred into a function to dodge a cycle is still the cycle)."""
+    modules = {module_name(p): p for d in PACKAGES for p in (PACKAGE / d).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in imports(path):
+            while imported and imported not in modules:  # `from pkg.module import name` -> pkg.module
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle anywhere in the package: the registry imports the variants, which import
+    only their base; the schedule imports the base at its top."""
+    graph = import_graph()
+    assert "attnserve.models.attention.local" in graph["attnserve.models.registry"]
+    assert import_cycles(graph) == []
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check finds one
+
+
 def test_the_reader_resolves_relative_imports(tmp_path):
     probe = PACKAGE / "service" / "routes" / "__init__.py"
     assert "attnserve.service.routes" == module_name(probe)

@@ -8,8 +8,10 @@ attnserve.contract.export_format, which this module writes through. The pieces:
     lengths.py    how long each graph's inputs may be, from the variant's class
     verify.py     the parity check of a graph against PyTorch
     precision.py  int8 and float16: a float32 export's graphs converted after tracing
-    exporter.py   this: the recipe an export is cached under, export_model / export_encoder
-                  (graphs, check, manifest) and the `attnserve export` command
+    recipe.py     the Recipe: everything an export depends on, resolved once from the
+                  command line or the caller, passed down the export path
+    exporter.py   this: export_model (graphs, check, manifest), the export cache
+                  (cached_export) and the `attnserve export` command
 
 Why two graphs: ONNX Runtime runs every node of a graph whatever outputs are asked for (see
 `attnserve bench runtime --output-pruning`), and the explicit attention weights cost far more
@@ -35,132 +37,67 @@ from pathlib import Path
 
 import torch
 
-from attnserve.models.api import Encoder, load_encoder
-from attnserve.models.attention.base import AttentionConfig
-from attnserve.export.graphs import (  # noqa: F401 - the export API, importable from here
-    COLLAPSE_OUTPUTS, HEADS_PER_NODE, OPSET, AnalysisGraph, CollapseGraph, EmbeddingGraph, ExportFailed, analysis_layout,
-    example_inputs, export_graph, full_attention_encoder, with_spare_position)
-from attnserve.export.lengths import (  # noqa: F401
-    ANALYSIS_BUDGET_BYTES, analysis_max_length, length_multiple, short_graph_length)
-from attnserve.export.precision import MIN_COSINE, check_precision, convert_graphs
-from attnserve.export.verify import (  # noqa: F401
-    DISCONTINUOUS_MIN_COSINE, EMBEDDING_TOL, HIDDEN_TOL, cosines, is_discontinuous, ort_session, verify_embedding_graph)
-from attnserve.models.pretrained import load_model
-from attnserve.models.registry import make_config, precision_refused
-from attnserve.models.schedule import layer_variants
-from attnserve.contract.export_format import (  # noqa: F401 - sha256 and pad_to: the export API too
+from attnserve.contract.export_format import (
     DEFAULT_PRECISION, EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, PRECISIONS,
-    TOKENIZER_FILE, Manifest, code_sha256, export_name, file_records, package_version, pad_to, parse_params, read_manifest,
-    recipe_sha256, sha256, weights_file, write_manifest)
-
-MAX_BATCH = 1024
-
-
-def export_recipe(config: AttentionConfig, max_length: int, weights_sha256: str | None = None, *, analysis: bool = True,
-                  opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH,
-                  precision: str = DEFAULT_PRECISION, model=None) -> dict:
-    """Everything an export's graphs depend on: the model (its name and the sha256 of its
-    weights; `model` a folder or ModelFolder, None the bundled all-MiniLM-L6-v2), the variant's
-    resolved parameters (so a default spelled out is the same export), max_length, the adapted
-    weights, the precision, the code that builds the graphs and the versions of what converts
-    them. `attnserve serve` caches an export under its digest (service.exports.export_path), and
-    the manifest records it. ValueError for a precision the variant cannot take (ModelError for
-    a folder that is not a supported model)."""
-    check_variant_precision(config, precision)
-    return at_precision({
-        "model": load_model(model).record,
-        "variant": config.variant,
-        "parameters": json.loads(json.dumps(config.as_params(), default=str)),
-        "max_length": max_length,
-        "weights_sha256": weights_sha256,
-        "attnserve": package_version("attnserve"),
-        "code_sha256": code_sha256(),
-        "opset": opset,
-        "analysis": analysis,
-        "optimize": optimize,
-        "max_batch": max_batch,
-        "precision": DEFAULT_PRECISION,
-        "versions": {name: package_version(name) for name in ("torch", "onnx", "onnxscript")},
-    }, precision)
+    TOKENIZER_FILE, Manifest, file_records, read_manifest, recipe_sha256, write_manifest)
+from attnserve.export.graphs import (
+    COLLAPSE_OUTPUTS, OPSET, AnalysisGraph, CollapseGraph, EmbeddingGraph, ExportFailed, analysis_layout, export_graph,
+    full_attention_encoder, with_spare_position)
+from attnserve.export.lengths import ANALYSIS_BUDGET_BYTES, analysis_max_length, short_graph_length
+from attnserve.export.precision import MIN_COSINE, convert_graphs
+from attnserve.export.recipe import Recipe, ort_version
+from attnserve.export.verify import verify_embedding_graph
+from attnserve.models.api import Encoder
+from attnserve.models.schedule import layer_variants
 
 
-def at_precision(recipe: dict, precision: str) -> dict:
-    """A float32 export's recipe made that of the same export at `precision`: what converting
-    adds, the precision and ONNX Runtime (its quantizer and optimiser convert) among the versions."""
-    if check_precision(precision) == DEFAULT_PRECISION:
-        return recipe
-    return {**recipe, "precision": precision, "versions": {**recipe["versions"], "onnxruntime": _ort_version()}}
+def export_model(recipe: Recipe, out_dir, *, verify: bool = True, encoder: Encoder | None = None, log=print) -> Path:
+    """Export `recipe` into out_dir: model.onnx (+ .data), short.onnx where the variant is exact
+    on short inputs, analysis.onnx and collapse.onnx (+ .data) where recipe.analysis,
+    tokenizer.json, the weights' adapt.json and manifest.json; at int8 or float16 the float32
+    export is made in a scratch folder beside out_dir and converted into it (precision.py).
+    `verify`: compare each embedding graph with PyTorch (ExportFailed when it is not
+    faithful). `encoder`: the PyTorch encoder of the recipe where the caller has built it
+    (None: recipe.encoder(), which refuses weights that do not fit before out_dir is written).
+    Returns out_dir."""
+    encoder = encoder if encoder is not None else recipe.encoder()
+    if recipe.precision == DEFAULT_PRECISION:
+        return _export_float32(encoder, recipe, out_dir, verify=verify, log=log)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-float32-", dir=out_dir.parent))
+    try:
+        # Not checked itself: the converted graphs are, against the same PyTorch encoder.
+        _export_float32(encoder, recipe.at_precision(DEFAULT_PRECISION), scratch, verify=False, log=log)
+        return convert_export(scratch, out_dir, recipe, encoder, verify=verify, log=log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def check_variant_precision(config, precision: str) -> None:
-    """ValueError naming the variant, the precision and why, for a pair that cannot be exported
-    (`Attention.precisions_refused`); the precisions it takes otherwise."""
-    check_precision(precision)
-    refused = precision_refused(config)
-    if precision in refused:
-        takes = ", ".join(p for p in PRECISIONS if p not in refused)
-        raise ValueError(f"{config.variant} cannot be exported in {precision}: {refused[precision]}; it takes {takes}")
-
-
-def _encoder_for(variant: str, params: dict, max_length: int, weights=None, model=None) -> Encoder:
-    """The PyTorch encoder an export of these is traced from: built for inputs padded up to the
-    variant's length multiple, since the graph runs on those."""
-    multiple = length_multiple(variant, make_config(variant, max_length, **params))
-    return load_encoder(variant, -(-max_length // multiple) * multiple, weights=weights, model=model, **params)
-
-
-def export_model(variant: str, params: dict, max_length: int, out_dir, *, analysis: bool = True, verify: bool = True,
-                 opset: int = OPSET, optimize: bool = False, max_batch: int = MAX_BATCH, weights=None,
-                 precision: str = DEFAULT_PRECISION, model=None, log=print) -> Path:
-    """Export `variant` with `params` for inputs of up to `max_length` tokens into out_dir:
-    model.onnx (+ .data), analysis.onnx and collapse.onnx (+ .data) unless analysis=False,
-    tokenizer.json and manifest.json; with `weights` (a directory `attnserve adapt` wrote) the encoder carries
-    them and the manifest records their sha256; `precision` int8 or float16 converts the
-    graphs (precision.py); `model` the sentence-transformers folder to export (None: the
-    bundled all-MiniLM-L6-v2). Returns out_dir. Raises ValueError for bad variant/params or
-    a precision the variant cannot take (WeightsError for weights that do not fit, ModelError
-    for a folder that is not a supported model: both before out_dir is written) and
-    ExportFailed when the export is not faithful."""
-    check_variant_precision(make_config(variant, max_length, **params), precision)
-    encoder = _encoder_for(variant, params, max_length, weights, model)
-    return export_encoder(encoder, out_dir, max_length=max_length, params=params, analysis=analysis, verify=verify,
-                          opset=opset, optimize=optimize, max_batch=max_batch, precision=precision, log=log)
-
-
-def cached_export(root, variant: str, params: dict | None, max_length: int, *, analysis: bool = True,
-                  verify: bool = True, optimize: bool = False, weights=None, precision: str = DEFAULT_PRECISION,
-                  model=None, log=print) -> Path:
-    """The export of this recipe under root, made first if it is not there yet: in
-    root/export_name(recipe), the folder `attnserve serve --models-dir root` looks in, so a
-    server can serve straight from the cache. The recipe covers the variant's resolved
-    parameters, max_length, weights, the models package's code and the converters' versions,
-    so a change to any of them makes a new export; `model` a sentence-transformers folder
-    (None: the bundled all-MiniLM-L6-v2). A lock file per recipe lets processes share
-    the folder (pytest-xdist workers, benchmark subprocesses): the first exports into a scratch
-    folder renamed into place, the others wait for it and reuse it. `verify` applies to an
+def cached_export(root, recipe: Recipe, *, verify: bool = True, log=print) -> Path:
+    """The export of `recipe` under root, made first if it is not there yet: in
+    root/recipe.name(), the folder `attnserve serve --models-dir root` looks in, so a server can
+    serve straight from the cache. The recipe's record covers the variant's resolved
+    parameters, max_length, model, weights, precision, the code that builds the graphs and the
+    converters' versions, so a change to any of them makes a new export. A lock file per recipe
+    lets processes share the folder (pytest-xdist workers, benchmark subprocesses): the first
+    exports into a scratch folder renamed into place, the others wait for it and reuse it; an
+    int8 or float16 export is converted from the cached float32 one. `verify` applies to an
     export this call makes."""
     from filelock import FileLock
 
-    params = dict(params or {})
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    model = load_model(model)
-    recipe = export_recipe(make_config(variant, max_length, **params), max_length,
-                           sha256(weights_file(weights)) if weights else None, analysis=analysis, optimize=optimize,
-                           precision=precision, model=model)
-    target = root / export_name(recipe)
+    target = root / recipe.name()
     with FileLock(str(target) + ".lock"):
         if not (target / MANIFEST_FILE).is_file():
             scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
             try:
-                if precision == DEFAULT_PRECISION:
-                    export_model(variant, params, max_length, scratch, analysis=analysis, verify=verify, optimize=optimize,
-                                 weights=weights, model=model, log=log)
+                if recipe.precision == DEFAULT_PRECISION:
+                    export_model(recipe, scratch, verify=verify, log=log)
                 else:
-                    base = cached_export(root, variant, params, max_length, analysis=analysis, verify=verify,
-                                         optimize=optimize, weights=weights, model=model, log=log)
-                    convert_export(base, scratch, precision, _encoder_for(variant, params, max_length, weights, model),
-                                   verify=verify, log=log)
+                    base = cached_export(root, recipe.at_precision(DEFAULT_PRECISION), verify=verify, log=log)
+                    convert_export(base, scratch, recipe, recipe.encoder(), verify=verify, log=log)
                 try:
                     os.replace(scratch, target)  # replaces a missing or empty folder only
                 except OSError as exc:
@@ -169,29 +106,6 @@ def cached_export(root, variant: str, params: dict | None, max_length: int, *, a
                 shutil.rmtree(scratch, ignore_errors=True)
     os.utime(target)  # when it was last used, for whoever prunes the cache
     return target
-
-
-def export_encoder(encoder: Encoder, out_dir, *, max_length: int | None = None, params: dict | None = None,
-                   analysis: bool = True, verify: bool = True, opset: int = OPSET, optimize: bool = False,
-                   max_batch: int = MAX_BATCH, precision: str = DEFAULT_PRECISION, log=print) -> Path:
-    """export_model for an encoder already built (its max_length must be a multiple of the
-    variant's length multiple, or max_length given and at most it). Adapted weights loaded
-    into it (encoder.weights) are recorded in the manifest. At int8 or float16 the float32
-    export is made in a scratch folder beside out_dir and converted into out_dir."""
-    check_variant_precision(encoder.attention_config, precision)
-    kwargs = dict(max_length=max_length, params=params, analysis=analysis, opset=opset, optimize=optimize,
-                  max_batch=max_batch, log=log)
-    if precision == DEFAULT_PRECISION:
-        return _export_float32(encoder, out_dir, verify=verify, **kwargs)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-float32-", dir=out_dir.parent))
-    try:
-        # Not checked itself: the converted graphs are, against the same PyTorch encoder.
-        _export_float32(encoder, scratch, verify=False, **kwargs)
-        return convert_export(scratch, out_dir, precision, encoder, verify=verify, log=log)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _check_lengths(max_length: int, multiple: int) -> list[int]:
@@ -206,15 +120,15 @@ def _short_check_lengths(short_length: int) -> list[int]:
     return sorted({min(short_length, 13), short_length // 2 + 1, short_length})
 
 
-def convert_export(base_dir, out_dir, precision: str, encoder: Encoder, *, verify: bool = True, log=print) -> Path:
-    """The float32 export in base_dir, at `precision` in out_dir: every graph converted
-    (precision.py), the embedding graphs checked against the PyTorch float32 `encoder`
-    it was made from (embedding cosine at least MIN_COSINE[precision]), and its manifest with
-    the precision, the checks and the recipe of the converted export."""
+def convert_export(base_dir, out_dir, recipe: Recipe, encoder: Encoder, *, verify: bool = True, log=print) -> Path:
+    """The float32 export of `recipe` in base_dir, at recipe.precision in out_dir: every graph
+    converted (precision.py), the embedding graphs checked against the PyTorch float32
+    `encoder` it was made from (embedding cosine at least MIN_COSINE[precision]), and its
+    manifest with the precision, the checks and the recipe of the converted export."""
     started = time.perf_counter()
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     base = read_manifest(base_dir)
-    check_variant_precision(encoder.attention_config, precision)
+    precision = recipe.precision
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (*GRAPH_FILES, META_FILE, MANIFEST_FILE):
         (out_dir / stale).unlink(missing_ok=True)
@@ -235,11 +149,11 @@ def convert_export(base_dir, out_dir, precision: str, encoder: Encoder, *, verif
                 encoder, out_dir / "short.onnx", 1, _short_check_lengths(graphs["short"]["max_length"]), log,
                 discontinuous=False, min_cosine=bound)
     files = file_records(out_dir, (*GRAPH_FILES, TOKENIZER_FILE, META_FILE))
-    recipe = at_precision(base.recipe, precision)
+    record = recipe.record()
     manifest = Manifest.model_validate({
         **data, "precision": precision, "graphs": graphs, "files": files, "sha256": files["model.onnx"].sha256,
-        "verified": verified, "versions": {**base.versions, "onnxruntime": _ort_version()},
-        "recipe": recipe, "recipe_sha256": recipe_sha256(recipe),
+        "verified": verified, "versions": {**base.versions, "onnxruntime": ort_version()},
+        "recipe": record, "recipe_sha256": recipe_sha256(record),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "export_seconds": round((base.export_seconds or 0.0) + time.perf_counter() - started, 1),
     })
@@ -248,20 +162,22 @@ def convert_export(base_dir, out_dir, precision: str, encoder: Encoder, *, verif
     return out_dir
 
 
-def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params: dict | None, analysis: bool,
-                    verify: bool, opset: int, optimize: bool, max_batch: int, log) -> Path:
+def _export_float32(encoder: Encoder, recipe: Recipe, out_dir, *, verify: bool, log) -> Path:
+    """The float32 export of `recipe`, traced from `encoder` (built for recipe.capacity tokens
+    or more)."""
     import onnx
     import onnxscript
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     encoder = encoder.eval()
-    variant, config = encoder.variant, encoder.attention_config
-    multiple = length_multiple(variant, config)
+    variant, config = recipe.variant, recipe.config
+    multiple, max_length = recipe.length_multiple, recipe.max_length
+    opset, optimize, max_batch = recipe.opset, recipe.optimize, recipe.max_batch
     capacity = encoder.max_length - encoder.max_length % multiple
-    max_length = min(max_length or capacity, capacity)
-    if capacity < multiple:
-        raise ExportFailed(f"max_length {encoder.max_length} is shorter than {variant}'s block of {multiple} tokens")
+    if capacity < max_length:
+        raise ExportFailed(f"the encoder takes {encoder.max_length} tokens, fewer than the recipe's {max_length} "
+                           f"rounded up to {variant}'s block of {multiple}")
     started = time.perf_counter()
     log(f"exporting {variant} {config.as_params()} max_length {max_length} (sequence padded to multiples of {multiple}) to {out_dir}")
     if getattr(encoder, "weights", None):
@@ -291,7 +207,7 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
             # Exact attention takes no discrete decision, so LSH too is held to max abs diff.
             graphs["short"]["verified"] = verify_embedding_graph(encoder, out_dir / "short.onnx", 1,
                                                                  _short_check_lengths(short_length), log, discontinuous=False)
-    if analysis:
+    if recipe.analysis:
         layout = analysis_layout(encoder, min(capacity, 2 * multiple))
         names, attention = [], []
         for layer, pieces in enumerate(layout):
@@ -325,14 +241,13 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
         shutil.copyfile(Path(weights["dir"]) / META_FILE, out_dir / META_FILE)
     files = file_records(out_dir, (*GRAPH_FILES, TOKENIZER_FILE, META_FILE))
     shape = encoder.shape
-    recipe = export_recipe(config, max_length, weights["sha256"] if weights else None, analysis=analysis, opset=opset,
-                           optimize=optimize, max_batch=max_batch, model=encoder.model)
+    record = recipe.record()
     manifest = Manifest.model_validate({
         "format": FORMAT,
         "model": encoder.model.describe(),
         "variant": variant,
         "parameters": json.loads(json.dumps(config.as_params())),
-        "requested_parameters": json.loads(json.dumps(params or {}, default=str)),
+        "requested_parameters": json.loads(json.dumps(recipe.requested, default=str)),
         "max_length": max_length,
         "length_multiple": multiple,
         "min_length": MIN_LENGTH,
@@ -357,24 +272,15 @@ def _export_float32(encoder: Encoder, out_dir, *, max_length: int | None, params
         "weights": {key: weights[key] for key in ("sha256", "dir", "tensors")} if weights else None,
         "verified": verified,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
-                     "onnxruntime": _ort_version()},
-        "recipe": recipe,
-        "recipe_sha256": recipe_sha256(recipe),
+                     "onnxruntime": ort_version()},
+        "recipe": record,
+        "recipe_sha256": recipe_sha256(record),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "export_seconds": round(time.perf_counter() - started, 1),
     })
     write_manifest(out_dir, manifest)
     log(f"wrote {out_dir} in {manifest.export_seconds}s")
     return out_dir
-
-
-def _ort_version() -> str | None:
-    try:
-        import onnxruntime
-
-        return onnxruntime.__version__
-    except ImportError:
-        return None
 
 
 # --------------------------------------------------------------------------- CLI
@@ -403,24 +309,15 @@ def configure_export(parser) -> None:
                         help="print the recipe (JSON) this export would be made and cached under, and export nothing")
 
 
-def recipe_of(args) -> dict:
-    """The recipe export_command's arguments ask for (ValueError for a bad variant or parameter)."""
-    weights = sha256(weights_file(args.weights)) if args.weights else None
-    config = make_config(args.variant, args.max_length, **parse_params(args.param))
-    return export_recipe(config, args.max_length, weights, analysis=not args.no_analysis, opset=args.opset,
-                         optimize=args.optimize, precision=args.precision, model=args.model)
-
-
 def export_command(args) -> int:
     try:
+        recipe = Recipe.from_args(args)
         if args.print_recipe:
-            print(json.dumps(recipe_of(args)))
+            print(json.dumps(recipe.record()))
             return 0
         if not args.out:
             raise ValueError("--out DIR is required: the export directory to write")
-        export_model(args.variant, parse_params(args.param), args.max_length, args.out, analysis=not args.no_analysis,
-                     verify=not args.no_verify, opset=args.opset, optimize=args.optimize, weights=args.weights,
-                     precision=args.precision, model=args.model)
+        export_model(recipe, args.out, verify=not args.no_verify)
     except (ValueError, ExportFailed) as exc:  # WeightsError and ModelError are ValueErrors
         print(f"attnserve export: error: {exc}", file=sys.stderr)
         return 2

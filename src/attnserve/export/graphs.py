@@ -31,7 +31,8 @@ from torch import nn
 from attnserve.models.api import Encoder
 from attnserve.models.attention.base import MASKED, AttentionConfig
 from attnserve.models.encoder import COLLAPSE_PATHS, rank_collapse_ratio
-from attnserve.models.registry import build_attention, make_config
+from attnserve.models.attention.full import FullConfig
+from attnserve.models.registry import build_attention
 from attnserve.contract.export_format import INPUT_NAMES
 
 # Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
@@ -137,7 +138,7 @@ def full_attention_encoder(encoder: Encoder, capacity: int) -> Encoder:
     variant has (positions, query scaling), so that where the variant is exact the two compute
     the same function."""
     config = encoder.attention_config
-    full = make_config("full", capacity, **{f.name: getattr(config, f.name) for f in dataclasses.fields(AttentionConfig)})
+    full = FullConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(AttentionConfig)})
     shared = {id(t): t for t in (*encoder.parameters(), *encoder.buffers())}
     if getattr(encoder, "tokenizer", None) is not None:
         shared[id(encoder.tokenizer)] = encoder.tokenizer

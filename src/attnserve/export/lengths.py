@@ -18,12 +18,6 @@ from attnserve.models import registry
 from attnserve.models.api import Encoder
 
 
-def length_multiple(variant: str, config) -> int:
-    """The sequence granule of a variant's (or a schedule's) graph (`Attention.length_multiple`,
-    its block; every layer's): inputs are padded to a multiple of it."""
-    return registry.length_multiple(config)
-
-
 def short_graph_length(config, max_length: int, encoder=None) -> int:
     """Capacity in tokens of an export's short graph, 0 for none: the longest input the variant
     computes exactly as full attention does (`Attention.exact_up_to`, and with `encoder` only

@@ -34,11 +34,6 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
-def is_discontinuous(variant: str) -> bool:
-    """Whether a variant or schedule has a layer with discontinuous attention."""
-    return registry.is_discontinuous(variant)
-
-
 def ort_session(path: Path, threads: int = 0):
     import onnxruntime as ort
 
@@ -57,7 +52,7 @@ def verify_embedding_graph(encoder: Encoder, path: Path, multiple: int, lengths:
     `min_cosine` (a graph converted to int8 or float16) the embeddings' cosine to PyTorch's
     float32 ones is held to it instead, and the abs diffs are only recorded."""
     session = ort_session(path)
-    discontinuous = is_discontinuous(encoder.variant) if discontinuous is None else discontinuous
+    discontinuous = registry.is_discontinuous(encoder.attention_config) if discontinuous is None else discontinuous
     worst = {"sentence_embedding": 0.0, "last_hidden_state": 0.0}
     lowest = 1.0
     for length in lengths:

@@ -6,8 +6,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from attnserve.models.encoder import BertShape, LongContextEncoder, rank_collapse_ratio
-from attnserve.models.pretrained import load_bert_weights, load_model, load_tokenizer
+from attnserve.models.encoder import LongContextEncoder, rank_collapse_ratio
+from attnserve.models.families import family_of
+from attnserve.models.pretrained import load_model, load_pretrained, load_tokenizer
 from attnserve.models.registry import make_config
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
@@ -32,13 +33,16 @@ class ChunkEmbedding:
 
 
 class Encoder(LongContextEncoder):
-    """A LongContextEncoder that carries its model folder and tokenizer, with the user-facing
-    methods. `model`: a ModelFolder (models.pretrained.load_model; None: the bundled
-    all-MiniLM-L6-v2), whose shape must be `shape`."""
+    """A LongContextEncoder of a model folder's family and shape that carries the folder and
+    its tokenizer, with the user-facing methods. `model`: a ModelFolder
+    (models.pretrained.load_model; None: the bundled all-MiniLM-L6-v2). Its parameters are as
+    initialised: build_encoder loads the folder's weights."""
 
-    def __init__(self, shape, attention_config, max_length, model=None):
-        super().__init__(shape, attention_config, max_length)
-        self.model = load_model(model)
+    def __init__(self, model, attention_config, max_length):
+        model = load_model(model)
+        family = family_of(model.architecture)
+        super().__init__(family, family.shape.of(model), attention_config, max_length)
+        self.model = model
         self.tokenizer = load_tokenizer(max_length, self.model.dir)
         self.weights: dict | None = None  # the adapted weights applied (models.weights.load_weights)
 
@@ -204,12 +208,21 @@ def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=N
     wrote, whose tensors replace the pretrained ones (models.weights; a WeightsError, a
     ValueError, names the file when they do not fit, or the model when they were trained on
     another). encoder.weights says which were applied (None: none)."""
-    if not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
-    config = make_config(variant, max_length, **params)
-    folder = load_model(model)
-    encoder = Encoder(BertShape.of(folder), config, max_length, folder)
-    load_bert_weights(encoder, folder)
+    check_max_length(max_length)
+    return build_encoder(make_config(variant, max_length, **params), max_length, model=model, weights=weights)
+
+
+def build_encoder(config, max_length: int, model=None, weights=None) -> Encoder:
+    """load_encoder for an attention config already resolved (registry.make_config, or an
+    export's Recipe.config)."""
+    check_max_length(max_length)
+    encoder = Encoder(model, config, max_length)
+    load_pretrained(encoder, encoder.model)
     if weights is not None:
         load_weights(encoder, weights)
     return encoder.eval()
+
+
+def check_max_length(max_length) -> None:
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")

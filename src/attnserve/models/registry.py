@@ -1,7 +1,10 @@
-"""The one registry of attention variants: name -> (module class, config dataclass).
+"""The one registry of attention variants: name -> its module class (whose config dataclass
+names it: `variant`).
 
-Each variant module registers itself with `@register_attention("name")`; the encoder only
-ever calls `build_attention(config, ...)`, so it never branches on which variant it runs.
+The shipped variants are imported here, one module each (they import nothing of this file), so
+the registry is complete as soon as it is imported; a variant defined elsewhere (a test, a
+plugin) joins with `@register_attention("name")`. The encoder only ever calls
+`build_attention(config, ...)`, so it never branches on which variant it runs.
 """
 from __future__ import annotations
 
@@ -10,16 +13,32 @@ import dataclasses
 import math
 import typing
 
+from attnserve.models.attention.base import Attention, AttentionConfig
+from attnserve.models.attention.bigbird import BigBirdAttention
+from attnserve.models.attention.compressed import MemoryCompressedAttention
+from attnserve.models.attention.full import FullAttention
+from attnserve.models.attention.global_tokens import GlobalTokenAttention
+from attnserve.models.attention.linformer import LinformerAttention
+from attnserve.models.attention.local import SlidingWindowAttention
+from attnserve.models.attention.longformer import LongformerAttention
+from attnserve.models.attention.lsh import LSHAttention
+from attnserve.models.attention.sinkhorn import SinkhornAttention
+from attnserve.models.attention.strided import StridedAttention
+from attnserve.models.attention.synthesizer import SynthesizerAttention
 from attnserve.models.schedule import (ScheduleConfig, distinct_configs, layer_variants, parse_schedule, schedule_text,
                                        shared_fields, split_params)
 
-if typing.TYPE_CHECKING:  # the variant modules import this one to register, so it imports none of them
-    from attnserve.models.attention.base import Attention, AttentionConfig
-
-VARIANTS: dict[str, type[Attention]] = {}
+# In table order (`attnserve variants`): full attention, the fixed patterns, the learned ones.
+SHIPPED: tuple[type[Attention], ...] = (
+    FullAttention, SlidingWindowAttention, StridedAttention, GlobalTokenAttention, LongformerAttention, BigBirdAttention,
+    LSHAttention, SinkhornAttention, LinformerAttention, MemoryCompressedAttention, SynthesizerAttention,
+)
+VARIANTS: dict[str, type[Attention]] = {cls.config_class.variant: cls for cls in SHIPPED}
 
 
 def register_attention(name: str):
+    """Class decorator adding a variant defined outside this package under `name` (its config
+    class is named so too)."""
     def register(cls: type[Attention]) -> type[Attention]:
         if name in VARIANTS:
             raise ValueError(f"attention variant {name!r} registered twice")
@@ -33,11 +52,11 @@ def register_attention(name: str):
 def unregister_attention(name: str) -> None:
     """Remove a variant registered at run time (one a test defines), so the registry lists
     exactly the shipped ones again."""
-    VARIANTS.pop(name, None)
+    if name not in {cls.config_class.variant for cls in SHIPPED}:
+        VARIANTS.pop(name, None)
 
 
 def variant_names() -> list[str]:
-    _load_all()
     return list(VARIANTS)
 
 
@@ -95,10 +114,9 @@ def dense_keys(config, n: int) -> int:
     return max(variant_class(c.variant).dense_keys(c, n) for c in distinct_configs(config))
 
 
-def is_discontinuous(variant: str) -> bool:
-    """Whether any layer of a variant or schedule decides which tokens meet discontinuously
-    (Attention.discontinuous)."""
-    return any(variant_class(name).discontinuous for name in parse_schedule(variant, variant_names()))
+def is_discontinuous(config) -> bool:
+    """Whether any layer decides which tokens meet discontinuously (Attention.discontinuous)."""
+    return any(variant_class(c.variant).discontinuous for c in distinct_configs(config))
 
 
 def precision_refused(config) -> dict[str, str]:
@@ -131,7 +149,6 @@ def build_attention(config: AttentionConfig, num_heads: int, head_dim: int, max_
 def variant_class(name: str) -> type[Attention]:
     """The registered class of a variant: its facts (length_multiple, exact_up_to,
     discontinuous, config_class ...) are read from it. ValueError listing the valid names."""
-    _load_all()
     if name not in VARIANTS:
         raise ValueError(f"unknown attention variant {name!r}; valid: {', '.join(VARIANTS)}")
     return VARIANTS[name]
@@ -157,8 +174,3 @@ def _convert(name: str, value, hint):
     except (TypeError, ValueError):
         raise ValueError(f"invalid parameter {name}: {value!r} is not a {getattr(hint, '__name__', hint)}") from None
     return value
-
-
-def _load_all() -> None:
-    # Importing the package runs every variant module's @register_attention.
-    import attnserve.models.attention  # noqa: F401

@@ -25,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 
 from attnserve.contract.schedule import FORMS, NUM_LAYERS, parse_schedule, schedule_text  # noqa: F401
+from attnserve.models.attention.base import AttentionConfig
 
 
 def shared_fields() -> list[str]:
     """The parameters every variant's config has (AttentionConfig's: the embeddings' position
     parameters), which a schedule's layers share."""
-    from attnserve.models.attention.base import AttentionConfig  # imported late: the variants import the registry, which imports this
-
     return [f.name for f in dataclasses.fields(AttentionConfig)]
 
 

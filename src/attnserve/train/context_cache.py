@@ -239,8 +239,8 @@ def cache_command(args) -> int:
 
     from tqdm import tqdm
 
-    from attnserve.export.exporter import cached_export, export_recipe
-    from attnserve.models.registry import make_config
+    from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
     from attnserve.contract.export_format import parse_params
 
     try:
@@ -250,8 +250,9 @@ def cache_command(args) -> int:
         if missing:
             raise CacheError(f"--data {missing[0]}: no such file")
         # The export `attnserve serve --models-dir` makes and serves (analysis graph included).
-        export_dir = functools.partial(cached_export, Path(args.models_dir).expanduser(), args.variant, params, args.max_length)
-        recipe = export_recipe(make_config(args.variant, args.max_length, **params), args.max_length)
+        resolved = Recipe.resolve(args.variant, params, args.max_length)
+        export_dir = functools.partial(cached_export, Path(args.models_dir).expanduser(), resolved)
+        recipe = resolved.record()
         for data in files:
             out = Path(args.out) / Path(data).name.split(".")[0]
             total = len(read_jsonl(data, args.limit))

@@ -36,7 +36,7 @@ class SlotWeights(NamedTuple):
 
 
 # How tokens past the 512 learned positions get a position (LongEmbed, Zhu et al. 2024; see
-# models.encoder.Embeddings for the definitions).
+# attnserve.models.positions for the definitions).
 POSITION_SCHEMES = ("recurrent", "grouped", "interpolated", "learned")
 DEFAULT_POSITION_PERIOD = 512
 
@@ -59,7 +59,6 @@ class AttentionConfig:
         inference-time scaling), which keeps the attention entropy of a long document near
         what the model saw on 512 tokens.
     """
-
     variant: ClassVar[str] = ""
     position_period: int = DEFAULT_POSITION_PERIOD
     positions: str = "recurrent"

@@ -19,16 +19,17 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
 from attnserve.models.attention.blocks import context_attention, dense_rows_attention, gather_rows, replace_rows
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class BigBirdConfig(AttentionConfig):
+    variant: ClassVar[str] = "bigbird"
     block: int = 64
     window_blocks: int = 3
     random_blocks: int = 3
@@ -42,7 +43,6 @@ class BigBirdConfig(AttentionConfig):
         check(self.random_blocks >= 0, "random_blocks", f"must be >= 0 (got {self.random_blocks})")
 
 
-@register_attention("bigbird")
 class BigBirdAttention(Attention):
     config_class = BigBirdConfig
     cost = "O(N * block * (window_blocks + 2 + random_blocks))"

@@ -18,17 +18,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
 from attnserve.models.attention.blocks import dense_rows_attention
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class CompressedConfig(AttentionConfig):
+    variant: ClassVar[str] = "compressed"
     kernel: int = 3
     stride: int = 3
 
@@ -39,7 +41,6 @@ class CompressedConfig(AttentionConfig):
         check(self.kernel <= max_length, "kernel", f"must be <= max_length {max_length} (got {self.kernel})")
 
 
-@register_attention("compressed")
 class MemoryCompressedAttention(Attention):
     config_class = CompressedConfig
     cost = "O(N^2 / stride)"

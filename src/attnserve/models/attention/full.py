@@ -7,20 +7,19 @@ linear and 16,384 tokens fit. No parameters of its own.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights
 from attnserve.models.attention.blocks import dense_rows_attention
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class FullConfig(AttentionConfig):
-    pass
+    variant: ClassVar[str] = "full"
 
 
-@register_attention("full")
 class FullAttention(Attention):
     config_class = FullConfig
     cost = "O(N^2)"

@@ -10,14 +10,15 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from attnserve.models.attention.base import Attention, AttentionConfig, check
 from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class GlobalConfig(AttentionConfig):
+    variant: ClassVar[str] = "global"
     global_tokens: tuple[int, ...] = (0,)
 
     def validate(self, max_length):
@@ -27,7 +28,6 @@ class GlobalConfig(AttentionConfig):
         check(all(0 <= p < max_length for p in self.global_tokens), "global_tokens", f"positions must be in 0..{max_length - 1}")
 
 
-@register_attention("global")
 class GlobalTokenAttention(Attention):
     config_class = GlobalConfig
     cost = "O(N * g)"

@@ -27,17 +27,18 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
 from attnserve.models.attention.blocks import dense_rows_attention
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class LinformerConfig(AttentionConfig):
+    variant: ClassVar[str] = "linformer"
     k: int = 256
     sharing: str = "kv"
 
@@ -83,7 +84,6 @@ def project(logits, columns, x, key_valid):
     return torch.matmul(normalised[:, None], x), mass[..., 0] >= 0.5, normalised
 
 
-@register_attention("linformer")
 class LinformerAttention(Attention):
     config_class = LinformerConfig
     cost = "O(N * k)"

@@ -11,14 +11,15 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from attnserve.models.attention.base import Attention, AttentionConfig, check
 from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class LocalConfig(AttentionConfig):
+    variant: ClassVar[str] = "local"
     window: int = 512
 
     def validate(self, max_length):
@@ -26,7 +27,6 @@ class LocalConfig(AttentionConfig):
         check(self.window >= 2, "window", f"must be >= 2 tokens (got {self.window})")
 
 
-@register_attention("local")
 class SlidingWindowAttention(Attention):
     config_class = LocalConfig
     cost = "O(N * window)"

@@ -11,21 +11,21 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from attnserve.models.attention.blocks import band_exact_up_to, banded_attention, banded_mask, global_positions
 from attnserve.models.attention.global_tokens import GlobalConfig
 from attnserve.models.attention.local import LocalConfig, SlidingWindowAttention
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class LongformerConfig(LocalConfig, GlobalConfig):
+    variant: ClassVar[str] = "longformer"
     def validate(self, max_length):
         LocalConfig.validate(self, max_length)
         GlobalConfig.validate(self, max_length)
 
 
-@register_attention("longformer")
 class LongformerAttention(SlidingWindowAttention):
     """local's window and granule, plus the global tokens."""
 

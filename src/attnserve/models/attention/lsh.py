@@ -22,17 +22,18 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
 from attnserve.models.attention.blocks import neighbour_blocks, take_rows
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class LSHConfig(AttentionConfig):
+    variant: ClassVar[str] = "lsh"
     chunk: int = 64
     n_buckets: int = 32
     n_hashes: int = 2
@@ -55,7 +56,6 @@ def chunk_windows(x: torch.Tensor, chunk: int) -> torch.Tensor:
     return rows.unfold(0, 3 * chunk, chunk).transpose(-1, -2)
 
 
-@register_attention("lsh")
 class LSHAttention(Attention):
     config_class = LSHConfig
     cost = "O(N * chunk * n_hashes + N log N)"

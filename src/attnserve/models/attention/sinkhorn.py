@@ -22,19 +22,20 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
 from attnserve.models.attention.blocks import context_attention, neighbour_blocks, take_rows
-from attnserve.models.registry import register_attention
 
 IDENTITY_BONUS = 10.0  # diagonal score at initialisation: the identity sort
 
 
 @dataclasses.dataclass
 class SinkhornConfig(AttentionConfig):
+    variant: ClassVar[str] = "sinkhorn"
     block: int = 64
     local_blocks: int = 1
     iterations: int = 8
@@ -48,7 +49,6 @@ class SinkhornConfig(AttentionConfig):
         check(self.temperature > 0, "temperature", f"must be > 0 (got {self.temperature})")
 
 
-@register_attention("sinkhorn")
 class SinkhornAttention(Attention):
     config_class = SinkhornConfig
     cost = "O(N * block + (N / block)^2)"

@@ -13,16 +13,17 @@ Parameters:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check, pad_to_multiple
 from attnserve.models.attention.blocks import band_exact_up_to, banded_attention
-from attnserve.models.registry import register_attention
 
 
 @dataclasses.dataclass
 class StridedConfig(AttentionConfig):
+    variant: ClassVar[str] = "strided"
     stride: int = 4
     window: int = 128
 
@@ -32,7 +33,6 @@ class StridedConfig(AttentionConfig):
         check(self.window >= 2, "window", f"must be >= 2 steps (got {self.window})")
 
 
-@register_attention("strided")
 class StridedAttention(Attention):
     config_class = StridedConfig
     cost = "O(N * window)"

@@ -31,13 +31,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnserve.models.attention.base import Attention, AttentionConfig, SlotWeights, check
 from attnserve.models.attention.blocks import dense_rows_attention
-from attnserve.models.registry import register_attention
 
 
 # Values per fused-kernel call when heads share their weights (mode "random"). Two heads
@@ -49,6 +50,7 @@ SHARED_VALUE_WIDTH = 64
 
 @dataclasses.dataclass
 class SynthesizerConfig(AttentionConfig):
+    variant: ClassVar[str] = "synthesizer"
     mode: str = "random"
     rank: int = 32
     sharpness: float = 1.0
@@ -70,7 +72,6 @@ def local_kernel_factors(length: int, rank: int, width: int, sharpness: float) -
     return factors.float()
 
 
-@register_attention("synthesizer")
 class SynthesizerAttention(Attention):
     config_class = SynthesizerConfig
     cost = "O(N^2 * rank)"
