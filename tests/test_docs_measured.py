@@ -1,6 +1,6 @@
 """The docs' measurements, and the docs' links.
 
-Every results page (docs/results/*.md) is measured as a whole, and src/attnserve/service/README.md's sections
+Every results page (docs/results/*.md) is measured as a whole, and docs/api.md's sections
 whose heading says Measured are: every table there says the command that made it and the date.
 A table of numbers whose command or date is missing cannot be reproduced or dated, so the text
 between a table and the one before it (or its heading) must name a command in backticks
@@ -52,7 +52,7 @@ def tables_with_their_lead(body: str) -> list[tuple[str, str]]:
 
 
 RESULTS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "results").glob("*.md"))
-DOCS = [*RESULTS, "src/attnserve/service/README.md"]
+DOCS = [*RESULTS, "docs/api.md"]
 README_MAX_LINES = 250
 
 
@@ -129,7 +129,7 @@ def links(text: str) -> list[str]:
     return [m.group(1).split()[0] for m in re.finditer(r"\]\(([^)\s][^)]*)\)", without_code(text))]
 
 
-LINKED = ["README.md", "src/attnserve/service/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+LINKED = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 
 
 def shown(path: Path) -> Path:
