@@ -1,7 +1,8 @@
 """The docs' measurements, and the docs' links.
 
-Every results page (docs/results/*.md) is measured as a whole, and docs/api.md's sections
-whose heading says Measured are: every table there says the command that made it and the date.
+Every results page (docs/results/*.md) is measured as a whole, and so is every section of
+README.md and the other docs whose heading says Measured (none today: measurements live on the
+results pages): every table there says the command that made it and the date.
 A table of numbers whose command or date is missing cannot be reproduced or dated, so the text
 between a table and the one before it (or its heading) must name a command in backticks
 (`attnserve ...`, `bash ...` or `python ...`) and a date (YYYY-MM-DD).
@@ -52,7 +53,8 @@ def tables_with_their_lead(body: str) -> list[tuple[str, str]]:
 
 
 RESULTS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "results").glob("*.md"))
-DOCS = [*RESULTS, "docs/api.md"]
+GUIDES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+DOCS = [*RESULTS, *(doc for doc in GUIDES if measured_sections((ROOT / doc).read_text()))]
 README_MAX_LINES = 250
 
 
