@@ -1,7 +1,8 @@
 """The docs' measurements, and the docs' links.
 
-Every results page (docs/results/*.md) is measured as a whole, and src/attnserve/service/README.md's sections
-whose heading says Measured are: every table there says the command that made it and the date.
+Every results page (docs/results/*.md) is measured as a whole, and so is every section of
+README.md and the other docs whose heading says Measured (none today: measurements live on the
+results pages): every table there says the command that made it and the date.
 A table of numbers whose command or date is missing cannot be reproduced or dated, so the text
 between a table and the one before it (or its heading) must name a command in backticks
 (`attnserve ...`, `bash ...` or `python ...`) and a date (YYYY-MM-DD).
@@ -52,7 +53,8 @@ def tables_with_their_lead(body: str) -> list[tuple[str, str]]:
 
 
 RESULTS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "results").glob("*.md"))
-DOCS = [*RESULTS, "src/attnserve/service/README.md"]
+GUIDES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+DOCS = [*RESULTS, *(doc for doc in GUIDES if measured_sections((ROOT / doc).read_text()))]
 README_MAX_LINES = 250
 
 
@@ -129,7 +131,7 @@ def links(text: str) -> list[str]:
     return [m.group(1).split()[0] for m in re.finditer(r"\]\(([^)\s][^)]*)\)", without_code(text))]
 
 
-LINKED = ["README.md", "src/attnserve/service/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+LINKED = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 
 
 def shown(path: Path) -> Path:

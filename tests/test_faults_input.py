@@ -1,6 +1,6 @@
 """The bad-input matrix against a real server subprocess (uvicorn over the fake runner, on
 127.0.0.1): each mistake gets the one status its kind has (400 not JSON, 413 over a limit, 422
-refused by the schema or out of range; src/attnserve/service/README.md's error table) and a JSON body in the
+refused by the schema or out of range; docs/api.md's error table) and a JSON body in the
 route's error form whose message names what to change; no 5xx, and the server stays up.
 Bounded: one request per case, 30 s each."""
 from __future__ import annotations

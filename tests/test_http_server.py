@@ -109,7 +109,7 @@ def test_readme_curl_examples(server):
     import re
     import subprocess
 
-    examples = [line for doc in ("README.md", "src/attnserve/service/README.md")
+    examples = [line for doc in ("README.md", "docs/api.md")
                 for line in (ROOT / doc).read_text().splitlines() if line.strip().startswith("curl ")]
     routes = {re.search(r"127\.0\.0\.1:8080(/[\w/]+)", line).group(1) for line in examples}
     assert {"/embed", "/embed_chunks", "/embed_all", "/decode", "/similarity", "/v1/embeddings", "/v1/contextualizedembeddings",

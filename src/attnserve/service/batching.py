@@ -39,7 +39,7 @@ LOOKAHEAD = 256
 # Padded tokens per batch when the setting is 0. On a CPU one input of a hundred tokens already
 # keeps ONNX Runtime's matrix products busy, so batching saves little, and a batch past a few
 # thousand tokens runs slower per input (its activations no longer fit in cache); on a GPU
-# large batches are what fills it. src/attnserve/service/README.md has the measurements.
+# large batches are what fills it. docs/results/service.md has the measurements.
 CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 16384
 

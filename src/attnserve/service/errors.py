@@ -5,7 +5,7 @@ Routes under /v1/ answer in OpenAI's form {"error": {"message", "type", "param",
 text-embeddings-inference's form {"error": str, "error_type": str}.
 Each error records a short `reason` that the failure counter in /metrics is labelled by.
 
-One status per kind of mistake (src/attnserve/service/README.md's error table lists every one): 400 for a
+One status per kind of mistake (docs/api.md's error table lists every one): 400 for a
 body that is not JSON (or cannot be parsed as such), 422 for a JSON body whose values the
 schema refuses or that are out of this deployment's range, 413 for what is over a size limit.
 The status always follows from the exception's type, never from its text.

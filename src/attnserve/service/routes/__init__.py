@@ -2,7 +2,7 @@
 and shapes the answer, never touching the runner directly."""
 from attnserve.service.schemas import OpenAIError, TEIError, fill_deployment_bounds
 
-# Documented error answers (the bodies are written by service.errors; src/attnserve/service/README.md's
+# Documented error answers (the bodies are written by service.errors; docs/api.md's
 # error table gives every cause of each).
 _ERRORS = {
     400: "the body is not JSON: not UTF-8, invalid JSON, nested too deeply to parse",
