@@ -150,6 +150,11 @@ def test_openai_embeddings_float_base64_dimensions_tokens(client):
     ids = client.post("/tokenize", json={"inputs": "first"}).json()[0]
     r = client.post("/v1/embeddings", json={"input": [t["id"] for t in ids[1:-1]], "model": "m"})
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], floats, rtol=1e-6)
+    # Token ids over max_length (256 here): 413 without truncate, cut to max_length with it.
+    long = [ids[1]["id"]] * 300
+    assert client.post("/v1/embeddings", json={"input": long, "model": "m"}).status_code == 413
+    cut = client.post("/v1/embeddings", json={"input": long, "model": "m", "truncate": True})
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 256
 
 
 def test_openai_errors_have_openai_shape(client):
@@ -193,6 +198,8 @@ def test_tokenize_info_health_metrics(client):
                  "attnserve_requests_failure_total"):
         assert name in text, name
     assert 'precision="float32",route="/embed",variant="fake"' in text
+    client.post("/rank_collapse", json={"inputs": "hello world"})
+    assert 'route="/rank_collapse"' in client.get("/metrics").text  # every route is counted under its own name
     assert 'reason="too_long"' in text
 
 

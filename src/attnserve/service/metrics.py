@@ -15,7 +15,7 @@ _TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 6553
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # Routes get their own label value; anything else (404s, probes) shares one.
-TRACKED_ROUTES = ("/embed", "/embed_chunks", "/embed_all", "/similarity", "/decode", "/v1/embeddings", "/v1/contextualizedembeddings", "/attention", "/tokenize", "/info", "/health", "/ready", "/metrics")
+TRACKED_ROUTES = ("/embed", "/embed_chunks", "/embed_all", "/similarity", "/decode", "/v1/embeddings", "/v1/contextualizedembeddings", "/attention", "/rank_collapse", "/tokenize", "/info", "/health", "/ready", "/metrics")
 
 
 class ServiceMetrics:

@@ -48,7 +48,7 @@ async def embeddings(body: OpenAIEmbeddingRequest, service: ServiceState = Depen
             tokenized = await service.tokenize(texts, body.truncate, timings, "input", remedy=TOO_LONG_REMEDY)
         else:
             try:
-                tokenized = service.tokenizer.from_ids(id_lists)
+                tokenized = service.tokenizer.from_ids(id_lists, body.truncate)
             except InputTooLong as exc:
                 raise ServiceError(413, exc.advise(TOO_LONG_REMEDY), "too_long", "input") from None
             except ServiceError as exc:  # an id outside the vocabulary
