@@ -249,7 +249,7 @@ def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
     assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}
     for path in presets:
         meta = json.loads(path.read_text())
-        # The bundled kernel pages, or them with the Debian manuals of attnserve.train.training_docs
+        # The bundled kernel pages, or them with the Debian manuals of research.training_docs
         # (the README's commands): never the dev set's man pages.
         assert meta["data"]["file"] in {"data/longdocs-train.jsonl.gz", "train-mix.jsonl.gz"}, path
         assert meta["held_out"]["after"] >= meta["held_out"]["before"]

@@ -78,6 +78,27 @@ def test_models_never_import_training():
     assert crossings("models", "attnserve.train", set()) == [] and crossings("export", "attnserve.train", set()) == []
 
 
+def test_nothing_in_the_product_imports_the_research_folder():
+    """research/ (context heads, the training-documents scraper) sits outside src/ and the wheel:
+    the product never imports it, so an install without a checkout lacks nothing it runs."""
+    found = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in sorted(imports(path)) if name == "research" or name.startswith("research.")]
+    assert found == []
+    assert (ROOT / "research" / "__init__.py").is_file() and not (PACKAGE / "research").exists()
+
+
+def test_the_research_commands_run_from_the_repository_root():
+    """Every command research/README.md gives answers --help from the repository root, where a
+    checkout has research/ importable."""
+    for command in (["research.context", "--help"], ["research.context", "cache", "--help"], ["research.context", "train", "--help"],
+                    ["research.context", "bench", "--help"], ["research.training_docs", "--help"]):
+        done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "usage: python -m " in done.stdout, (command, done.stderr[-2000:])
+    readme = (ROOT / "research" / "README.md").read_text()
+    assert all(f"python -m {name}" in readme for name in ("research.context cache", "research.context train",
+                                                          "research.context bench", "research.training_docs"))
+
+
 def test_the_contract_imports_only_itself_numpy_pydantic_and_the_standard_library():
     outside = []
     for path in sorted((PACKAGE / "contract").rglob("*.py")):

@@ -5,6 +5,6 @@ Its packages, each a folder here:
     contract  what an export holds and how token vectors become vectors (torch-free; both sides use it)
     models    the encoder and its registry of attention variants (torch)
     export    the encoder to ONNX: graphs, lengths, precision, verification, the export cache (torch)
-    train     adaptation: distilled variant weights, context caches and heads, training documents (torch)
+    train     adaptation: distilled variant weights (torch)
     service   the HTTP server, its batcher and ONNX Runtime (no torch), and the `attnserve` command
 """

@@ -31,12 +31,8 @@ COMMANDS: list[Command] = [
     Command(("variants",), "list the attention variants, their parameters and schedules (a variant per layer)", "attnserve.models.cli:configure", "attnserve.models.cli:variants_command"),
     Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", "attnserve.service.bench:encoder.configure_bench_encoder", "attnserve.service.bench:encoder.bench_encoder"),
     Command(("adapt", "variant"), "train what a variant adds to the pretrained model (distillation), within a time budget", "attnserve.train.adapt:configure", "attnserve.train.adapt:adapt_command"),
-    Command(("adapt", "cache"), "run the frozen encoder once over training documents and store what the context heads learn from", "attnserve.train.context_cache:configure", "attnserve.train.context_cache:cache_command"),
-    Command(("adapt", "train"), "learn context heads (chunk vectors with context, learned pooling) on a cache, in minutes", "attnserve.train.context_train:configure", "attnserve.train.context_train:train_command"),
-    Command(("adapt", "docs"), "build training documents from Debian documentation packages (never man pages or Python's docs: held out)", "attnserve.train.training_docs:configure", "attnserve.train.training_docs:docs_command"),
     Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", "attnserve.service.bench:quality.configure", "attnserve.service.bench:quality.quality_command"),
     Command(("bench", "collapse"), "rank collapse of pure attention paths (Dong et al. 2021) per variant, CSV and PNG", "attnserve.service.bench:collapse.configure", "attnserve.service.bench:collapse.bench_collapse_command"),
-    Command(("bench", "context"), "what document context buys chunk vectors and one-vector documents, from a cache, and its cost", "attnserve.service.bench:context.configure", "attnserve.service.bench:context.bench_context_command"),
     # ONNX export and its runtime benchmark (src/attnserve/export/exporter.py, benchmarks/runtime.py)
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, collapse.onnx, tokenizer.json, manifest.json", "attnserve.export.exporter:configure_export", "attnserve.export.exporter:export_command"),
     Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", "attnserve.service.bench:runtime.configure_bench_runtime", "attnserve.service.bench:runtime.bench_runtime_command"),
