@@ -9,7 +9,7 @@ Run on Debian (apt-get and dpkg):
 Each package is fetched with `apt-get download` (Debian's own registry; nothing else is ever
 fetched) into --cache, unpacked with `dpkg -x`, and its HTML pages (and titled plain-text,
 reStructuredText and Markdown pages that have no rendered HTML beside them) become documents:
-one JSON object a line, the fields of data/longdocs-*.jsonl.gz (src/attnserve/models/documents.py):
+one JSON object a line, the fields of data/longdocs-*.jsonl.gz (src/attnserve/data/__init__.py):
 
     id                  PACKAGE/PATH, the page's path inside the package's documentation folder
     text                the page as text, one line per block, without its title
@@ -56,7 +56,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from attnserve.models.documents import DEV_DOCUMENTS
+from attnserve.data import DEV_DOCUMENTS
 
 DEFAULT_PACKAGES = (  # and about how many pages of 1,500 words or more each gives (bookworm)
     "postgresql-doc-15",    # 150: the PostgreSQL manual (its SQL reference pages are man pages: skipped)
@@ -358,7 +358,7 @@ class ShingleIndex:
 
 
 def held_out_index(paths: list[Path]) -> ShingleIndex:
-    from attnserve.models.documents import read_jsonl
+    from attnserve.data import read_jsonl
 
     index = ShingleIndex()
     for path in paths:

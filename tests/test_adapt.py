@@ -15,7 +15,7 @@ import torch
 from attnserve.models import load_encoder
 from attnserve.train.adapt import Plan, adapt, trainable
 from attnserve.models.registry import build_attention, make_config
-from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
+from attnserve.data import TRAIN_DOCUMENTS, read_jsonl
 
 MAX_LENGTH = 256
 
@@ -166,7 +166,7 @@ def test_end_to_end_distillation_starts_from_weights_and_keeps_what_it_does_not_
 
 def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
+        return subprocess.run([sys.executable, "-m", "attnserve", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
                               capture_output=True, text=True)
 
     fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))

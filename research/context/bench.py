@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.models.documents import DEV_DOCUMENTS
+from attnserve.data import DEV_DOCUMENTS
 
 
 def configure(parser) -> None:
@@ -84,7 +84,7 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
     from tqdm import tqdm
 
     from research.context.cache import CacheWriter
-    from attnserve.models.documents import read_jsonl
+    from attnserve.data import read_jsonl
     from attnserve.export.exporter import cached_export
     from research.context.runtime import ContextHeads
     from attnserve.contract.pooling import Pooling, naive_chunk_ids, pool_chunks

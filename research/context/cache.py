@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.models.documents import read_jsonl
+from attnserve.data import read_jsonl
 from attnserve.contract.pooling import naive_chunk_ids, pool_chunks, token_chunks
 
 CACHE_FORMAT = 1
@@ -214,7 +214,7 @@ def load_cache(folder: str | Path) -> tuple[dict, list[dict]]:
 
 
 def configure(parser) -> None:
-    from attnserve.models.documents import TRAIN_DOCUMENTS
+    from attnserve.data import TRAIN_DOCUMENTS
 
     parser.add_argument("--data", action="append", default=[],
                         help="documents, .jsonl or .jsonl.gz with 'text' and 'query' (repeatable; default: the bundled "

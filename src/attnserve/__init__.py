@@ -6,5 +6,10 @@ Its packages, each a folder here:
     models    the encoder and its registry of attention variants (torch)
     export    the encoder to ONNX: graphs, lengths, precision, verification, the export cache (torch)
     train     adaptation: distilled variant weights (torch)
-    service   the HTTP server, its batcher and ONNX Runtime (no torch), and the `attnserve` command
+    service   the HTTP server, its batcher and ONNX Runtime (no torch)
+    data      the bundled long documents (package data) and retrieval scores (torch-free)
+    bench     the benchmarks `attnserve bench ...` runs
+
+and cli.py, the `attnserve` command (`python -m attnserve`), which imports each command's module
+only when that command runs.
 """
