@@ -8,18 +8,20 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.service import ServerProcess as _ServerProcess
-from benchmarks.service import free_port, metric_value
+from attnserve.bench.service import ServerProcess as _ServerProcess
+from attnserve.bench.service import free_port, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class ServerProcess(_ServerProcess):
-    """benchmarks.service's server subprocess with the tests' defaults: tests/ importable (the fake
-    server and the torch-blocking wrappers), a log named for the tests, 30 s to stop."""
+    """attnserve.bench.service's server subprocess with the tests' defaults: tests/ importable (the
+    fake server and the torch-blocking wrappers) before whatever PYTHONPATH already holds, a log
+    named for the tests, 30 s to stop."""
 
     def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):
-        env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **(env or {})}
+        path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
+        env = {"PYTHONPATH": path, **(env or {})}
         log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-test-{port}.log"
         super().__init__(argv, port, env=env, log_path=log_path)
 
@@ -40,7 +42,7 @@ def start_real_server(export_dir: Path | None, *args: str, env: dict | None = No
     """`attnserve serve` over `export_dir`, or (None) over the export its flags name."""
     port = free_port()
     where = ["--export-dir", str(export_dir)] if export_dir is not None else []
-    argv = ["-m", "attnserve.service", "serve", *where, "--port", str(port), "--log-level", "warning", *args]
+    argv = ["-m", "attnserve", "serve", *where, "--port", str(port), "--log-level", "warning", *args]
     return ServerProcess(argv, port, env=env).wait_ready(ready_timeout)
 
 

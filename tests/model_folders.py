@@ -56,7 +56,7 @@ def unigram_tokenizer(folder: Path) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+    from attnserve.data import DEV_DOCUMENTS, read_jsonl
 
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()

@@ -15,7 +15,7 @@ import torch
 from attnserve.models import load_encoder
 from attnserve.train.adapt import Plan, adapt, trainable
 from attnserve.models.registry import build_attention, make_config
-from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
+from attnserve.data import TRAIN_DOCUMENTS, read_jsonl
 
 MAX_LENGTH = 256
 
@@ -167,7 +167,7 @@ def test_end_to_end_distillation_starts_from_weights_and_keeps_what_it_does_not_
 
 def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
+        return subprocess.run([sys.executable, "-m", "attnserve", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
                               capture_output=True, text=True)
 
     fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))
@@ -250,7 +250,7 @@ def test_the_shipped_adapted_weights_load_and_say_what_they_were_trained_on():
     assert {p.parent.name for p in presets} >= {"linformer", "compressed", "sinkhorn", "longformer-long"}
     for path in presets:
         meta = json.loads(path.read_text())
-        # The bundled kernel pages, or them with the Debian manuals of attnserve.train.training_docs
+        # The bundled kernel pages, or them with the Debian manuals of research.training_docs
         # (the README's commands): never the dev set's man pages.
         assert meta["data"]["file"] in {"data/longdocs-train.jsonl.gz", "train-mix.jsonl.gz"}, path
         assert meta["held_out"]["after"] >= meta["held_out"]["before"]

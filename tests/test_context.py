@@ -1,34 +1,38 @@
-"""Context heads end to end, the training and benchmark tool they are: `attnserve adapt cache` on
-3 documents, `attnserve adapt train` on that cache, the heads' ONNX graphs against PyTorch, and
-`attnserve bench context` scoring and timing them, on the suite's HTTP export. No deployment
-serves them (they lost to naive chunks: docs/results/context.md); test_http_chunks.py checks that
-serve refuses them."""
+"""Context heads end to end, the research tool they are (research/context/, outside the wheel):
+`python -m research.context cache` on 3 documents, `... train` on that cache, the heads' ONNX
+graphs against PyTorch, and `... bench` scoring and timing them, on the suite's HTTP export. No
+deployment serves them (they lost to naive chunks: docs/results/context.md); test_http_chunks.py
+checks that serve refuses them."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from export_helpers import EXPORTS_ROOT, HTTP_MAX_LENGTH, HTTP_VARIANT
 
-from attnserve.service.cli import main
-from attnserve.train.context_cache import load_cache
-from attnserve.train.context_files import PARITY_TOL, load_heads
-from attnserve.train.context_format import SPEC_FILE, ContextHeadError, read_spec
-from attnserve.train.context_runtime import ContextHeads
-from attnserve.train.context_train import Document
+from research.context.cache import load_cache
+from research.context.cli import main
+from research.context.files import PARITY_TOL, load_heads
+from research.context.format import SPEC_FILE, ContextHeadError, read_spec
+from research.context.runtime import ContextHeads
+from research.context.train import Document
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnserve.service.cli", *args], capture_output=True, text=True, timeout=600)
+    """`python -m research.context ARGS` from the repository root, as research/README.md runs it."""
+    return subprocess.run([sys.executable, "-m", "research.context", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def refusal(capsys, *args: str) -> str:
-    """stderr of an `attnserve` command run in this process, which must exit 2."""
+    """stderr of a `research.context` command run in this process, which must exit 2."""
     assert main(list(args)) == 2
     return capsys.readouterr().err
 
@@ -38,11 +42,11 @@ def trained(tmp_path_factory, export_dir):
     """(cache folder, heads folder): 3 training documents cached through the HTTP export, and
     heads of both kinds trained on them for a few steps."""
     root = tmp_path_factory.mktemp("context")
-    cached = cli("adapt", "cache", "--out", str(root / "cache"), "--limit", "3", "--passages", "4", "--variant", HTTP_VARIANT,
+    cached = cli("cache", "--out", str(root / "cache"), "--limit", "3", "--passages", "4", "--variant", HTTP_VARIANT,
                  "--max-length", str(HTTP_MAX_LENGTH), "--models-dir", str(EXPORTS_ROOT))
     assert cached.returncode == 0, cached.stderr
     cache = root / "cache" / "longdocs-train"
-    trained = cli("adapt", "train", "--cache", str(cache), "--out", str(root / "heads"), "--steps", "6", "--eval-every", "3",
+    trained = cli("train", "--cache", str(cache), "--out", str(root / "heads"), "--steps", "6", "--eval-every", "3",
                   "--holdout", "1", "--designs", "attend,attention-pooling", "--lr", "0.05", "--select", "last")
     assert trained.returncode == 0, trained.stderr
     return cache, root / "heads"
@@ -106,13 +110,13 @@ def test_a_missing_or_mismatched_head_file_is_named(trained, tmp_path):
 
 def test_train_refuses_bad_designs(trained, capsys):
     cache, _ = trained
-    assert "both chunks heads" in refusal(capsys, "adapt", "train", "--cache", str(cache), "--out", "unused", "--designs", "mix,attend")
-    assert "unknown design 'telepathy'" in refusal(capsys, "adapt", "train", "--cache", str(cache), "--out", "unused", "--designs", "telepathy")
+    assert "both chunks heads" in refusal(capsys, "train", "--cache", str(cache), "--out", "unused", "--designs", "mix,attend")
+    assert "unknown design 'telepathy'" in refusal(capsys, "train", "--cache", str(cache), "--out", "unused", "--designs", "telepathy")
 
 
 def test_bench_context_scores_and_times_every_representation(trained):
     cache, heads = trained
-    run = cli("bench", "context", "--cache", str(cache), "--heads", str(heads), "--timing-docs", "2", "--repeats", "1",
+    run = cli("bench", "--cache", str(cache), "--heads", str(heads), "--timing-docs", "2", "--repeats", "1",
               "--data", str(cache_data(cache)), "--models-dir", str(EXPORTS_ROOT))
     assert run.returncode == 0, run.stderr
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in run.stdout.splitlines() if line.startswith("| ")}
@@ -130,7 +134,7 @@ def test_bench_context_names_heads_of_another_variant(trained, tmp_path):
     shutil.copytree(heads, other)
     spec = json.loads((other / SPEC_FILE).read_text())
     (other / SPEC_FILE).write_text(json.dumps({**spec, "variant": "local"}))
-    run = cli("bench", "context", "--cache", str(cache), "--heads", str(other), "--timing-docs", "1", "--repeats", "1",
+    run = cli("bench", "--cache", str(cache), "--heads", str(other), "--timing-docs", "1", "--repeats", "1",
               "--data", str(cache_data(cache)), "--models-dir", str(EXPORTS_ROOT))
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
     assert f"heads learned on local's states, this export runs {HTTP_VARIANT}" in run.stderr

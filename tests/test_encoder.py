@@ -8,9 +8,9 @@ from attnserve.models import load_encoder, variant_names
 from attnserve.models.api import pad_batch
 from attnserve.export.verify import DISCONTINUOUS_MIN_COSINE
 from attnserve.models.registry import variant_class
-from benchmarks.memory import measure
+from attnserve.bench.memory import measure
 from attnserve.models.pretrained import model_dir
-from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.data import DEV_DOCUMENTS, read_jsonl
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
 SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]

@@ -28,7 +28,7 @@ import pytest
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
 from http_server import ROOT, ServerProcess, start_real_server
 
-from benchmarks.service import free_port
+from attnserve.bench.service import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -77,7 +77,7 @@ def server():
     # Its own peer under a second name: a page from 127.0.0.1 calling localhost is a
     # cross-origin call, so compare mode and CORS are exercised without a second model.
     port = free_port()
-    argv = ["-m", "attnserve.service", "serve", "--export-dir", str(export_dir), "--port", str(port), "--log-level", "warning",
+    argv = ["-m", "attnserve", "serve", "--export-dir", str(export_dir), "--port", str(port), "--log-level", "warning",
             "--explorer-peers", f"http://127.0.0.1:{port},http://localhost:{port}", *SERVER_ARGS]
     proc = ServerProcess(argv, port).wait_ready(180)
     yield proc

@@ -268,7 +268,7 @@ def test_export_refuses_a_graph_that_narrows_a_dimension(tmp_path):
 
 
 def test_export_command_errors_exit_nonzero(capsys, tmp_path):
-    from attnserve.service.cli import main
+    from attnserve.cli import main
 
     assert main(["export", "--variant", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "unknown attention variant 'nope'" in capsys.readouterr().err
@@ -276,23 +276,3 @@ def test_export_command_errors_exit_nonzero(capsys, tmp_path):
     assert "invalid parameter window" in capsys.readouterr().err
     assert main(["export", "--variant", "local", "--param", "window", "--out", str(tmp_path / "z")]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
-
-
-def test_export_command_writes_a_verified_export(tmp_path, capsys):
-    """`attnserve export` end to end (full attention, short max_length to stay quick): exit 0,
-    the export-time ORT-vs-PyTorch check recorded, and the runner serves it."""
-    from attnserve.service.cli import main
-    from attnserve.service.runtime import OnnxRunner
-
-    out = tmp_path / "full"
-    assert main(["export", "--variant", "full", "--max-length", "300", "--out", str(out), "--no-analysis"]) == 0
-    assert "verified model.onnx" in capsys.readouterr().out
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["variant"] == "full" and manifest["max_length"] == 300 and "analysis" not in manifest["graphs"]
-    assert manifest["verified"]["exact"] and manifest["verified"]["max_abs_diff_sentence_embedding"] <= 1e-4
-    runner = OnnxRunner(out, providers=["CPUExecutionProvider"])
-    ids, mask = padded_batch([300, 7])
-    assert runner.embed(ids, mask).shape == (2, 384)
-    assert runner.attention_max_length == 0
-    with pytest.raises(ValueError, match="no analysis graph"):
-        runner.attention(ids, mask, 0, None)

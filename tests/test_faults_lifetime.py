@@ -10,7 +10,7 @@ import threading
 import httpx
 from http_server import poll, start_fake_server, wait_in_flight
 
-from benchmarks.service import metric_value
+from attnserve.bench.service import metric_value
 
 # One input per batch: inputs of 3 to 5 tokens, a token budget that holds one of them.
 ONE_PER_BATCH = ("--max-batch-tokens", "7")

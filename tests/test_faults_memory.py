@@ -13,7 +13,7 @@ import pytest
 from export_helpers import SHARED_MAX_LENGTH, SHARED_VARIANT, get_export
 from http_server import ServerProcess
 
-from benchmarks.service import free_port
+from attnserve.bench.service import free_port
 
 # Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
 pytestmark = pytest.mark.xdist_group("whole_machine")
@@ -36,9 +36,9 @@ def memory_cgroup() -> Path | None:
 
 
 def capped_server(export_dir: Path, group: Path | None, *flags: str) -> ServerProcess:
-    """`python -m attnserve.service serve` that enters the cgroup (or sets RLIMIT_DATA) before exec."""
+    """`python -m attnserve serve` that enters the cgroup (or sets RLIMIT_DATA) before exec."""
     port = free_port()
-    serve = [sys.executable, "-m", "attnserve.service", "serve", "--export-dir", str(export_dir), "--port", str(port),
+    serve = [sys.executable, "-m", "attnserve", "serve", "--export-dir", str(export_dir), "--port", str(port),
              "--log-level", "warning", "--providers", "CPUExecutionProvider", *flags]
     if group is not None:
         enter = f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))"

@@ -1,7 +1,7 @@
 """Startup and configuration faults: what `attnserve serve` refuses before it serves, and what
 it must never do (delete files it did not write, turn auth off, serve a corrupt export).
 
-The CLI checks run `python -m attnserve.service serve` as a subprocess (bounded by a timeout) and read
+The CLI checks run `python -m attnserve serve` as a subprocess (bounded by a timeout) and read
 its exit status and stderr, as a user's shell would.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_serve(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m attnserve.service serve ARGS` to completion (it must exit on its own), with output."""
+    """`python -m attnserve serve ARGS` to completion (it must exit on its own), with output."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSERVE_")}
-    environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--port", "0", *args], cwd=cwd or ROOT, env=environ,
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "attnserve", "serve", "--port", "0", *args], cwd=cwd or ROOT, env=environ,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -473,8 +473,8 @@ def test_a_long_text_is_tokenized_only_in_part():
 def test_serve_help_shows_every_default_and_env_variable():
     from attnserve.service.settings import Settings
 
-    result = subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--help"], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "attnserve", "serve", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     # Each option's entry, from its flag to the next flag, joined onto one line.
     entries = re.split(r"\n  (?=--)", result.stdout.split("options:", 1)[1])

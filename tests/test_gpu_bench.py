@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py --dry-run: every step of the GPU benchmark on the CPU (exports in worker
+"""python -m attnserve.bench.gpu --dry-run: every step of the GPU benchmark on the CPU (exports in worker
 processes, PyTorch fp32 and bf16, OnnxRunner with and without IO binding, node placement, the
 batcher's throughput), so that the run a GPU machine gets once is known to work and its JSON
 holds every figure docs/gpu.md's tables are made from."""
@@ -8,13 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from export_helpers import EXPORTS_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu.py"
+GPU_BENCH = ["-m", "attnserve.bench.gpu"]
 VARIANTS = ["full", "global"]  # the dry run's own defaults
 LENGTHS = [64, 128]
 
@@ -26,9 +24,9 @@ def dry_run(tmp_path_factory):
     exports = EXPORTS_ROOT / "gpu-dry-run"
     exports.mkdir(parents=True, exist_ok=True)
     os.utime(exports)  # in use: the cache's pruning goes by this time
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--exports-dir", str(exports)],
+    proc = subprocess.run([sys.executable, *GPU_BENCH, "--dry-run", "--out", str(out), "--exports-dir", str(exports)],
                           capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path_factory.getbasetemp())  # not the repo root: the script finds models/ itself
+                          timeout=900, cwd=tmp_path_factory.getbasetemp())  # not the repo root: it runs from the installed package
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "gpu.json").read_text()), out
 
@@ -83,17 +81,14 @@ def test_the_tables_are_printed_and_reprinted_from_the_json(dry_run):
         assert sum(line.startswith(f"| {variant} |") for line in proc.stdout.splitlines()) == 6, variant
     assert "| full | " in proc.stdout and " / 1.00 |" in proc.stdout  # full's own ratio
     assert "a dry run, not GPU figures" in proc.stdout and "Errors:" not in proc.stdout
-    again = subprocess.run([sys.executable, str(SCRIPT), "--tables", str(out / "gpu.json")], capture_output=True, text=True,
+    again = subprocess.run([sys.executable, *GPU_BENCH, "--tables", str(out / "gpu.json")], capture_output=True, text=True,
                            check=True, timeout=120)
     assert again.stdout == proc.stdout
 
 
 def test_fallback_reasons_are_read_from_the_cuda_providers_log():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from attnserve.bench import gpu
+
     # The lines ONNX Runtime's CUDA provider logs (INFO) while partitioning, as it formats them.
     log = "\n".join([
         "2026-01-01 [I:onnxruntime:, fallback_cpu_capability.cc:161 GetCpuPreferredNodes] ORT optimization- Force fallback "
@@ -128,7 +123,7 @@ def test_the_tables_render_the_figures_only_a_gpu_gives(dry_run, tmp_path):
     entry["ort"]["throughput"] = {"docs": 8, "doc_tokens": 128, "batch_1_docs_per_s": 0.1, "batched_docs_per_s": {},
                                   "skipped": "batches and batcher not timed: one pass at batch 1 took 80 s"}
     (tmp_path / "gpu.json").write_text(json.dumps(gpu_like))
-    text = subprocess.run([sys.executable, str(SCRIPT), "--tables", str(tmp_path / "gpu.json")], capture_output=True,
+    text = subprocess.run([sys.executable, *GPU_BENCH, "--tables", str(tmp_path / "gpu.json")], capture_output=True,
                           text=True, check=True, timeout=120).stdout
     assert "ONNX Runtime (CUDA provider, OnnxRunner)" in text and "a dry run" not in text
     assert "| full | 300 | 200 | 500 |" in text

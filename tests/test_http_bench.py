@@ -8,7 +8,7 @@ from http_fakes import tokenizer_json
 from http_server import start_fake_server
 
 from attnserve.service.tokenizer import TextTokenizer
-from benchmarks.service import closed_loop, corpus_words, drained, metric_value, percentile, rss_bytes, text_of_tokens
+from attnserve.bench.service import closed_loop, corpus_words, drained, metric_value, percentile, rss_bytes, text_of_tokens
 
 
 def test_percentile_nearest_rank():

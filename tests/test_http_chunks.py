@@ -165,7 +165,7 @@ def test_default_pooling_is_opening():
 
 
 def test_context_heads_are_not_a_serving_option(capsys, monkeypatch, tmp_path):
-    """Context heads lost to naive chunks (docs/results/context.md): `attnserve bench context`
+    """Context heads lost to naive chunks (docs/results/context.md): `python -m research.context bench`
     measures them, and no deployment serves them. Asking for them is refused, naming what is."""
     with make_client() as c:
         info = c.get("/info").json()
@@ -175,7 +175,7 @@ def test_context_heads_are_not_a_serving_option(capsys, monkeypatch, tmp_path):
         for context in ("learned", "sideways"):
             r = c.post("/embed_chunks", json={"inputs": TEXT, "context": context})
             assert r.status_code == 422 and r.json()["error"] == "context: Input should be 'none' or 'late'", r.text
-    from attnserve.service.cli import main
+    from attnserve.cli import main
 
     unused = str(tmp_path / "unused")
     for flags, said in [(["--pooling", "learned"], ("--pooling", "invalid choice: 'learned'", "opening")),

@@ -109,7 +109,7 @@ def test_every_setting_is_a_flag_and_an_env_var(monkeypatch):
 
 
 def test_cli_lists_serve_and_bench_service(capsys):
-    from attnserve.service.cli import main
+    from attnserve.cli import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

@@ -305,7 +305,7 @@ class BlockTorch:
         if name.split(".")[0] == "torch" or name.startswith("attnserve.models"):
             raise ImportError(f"{name} is blocked: serving must not need it")
 sys.meta_path.insert(0, BlockTorch())
-from attnserve.service.cli import main
+from attnserve.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from http_server import start_fake_server, terminate_while_busy, wait_in_flight
 
-from benchmarks.service import metric_value
+from attnserve.bench.service import metric_value
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_serve_refuses_a_broken_export_with_a_clear_message(tmp_path):
     from http_server import ROOT
 
     (tmp_path / "manifest.json").write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "attnserve.service", "serve", "--export-dir", str(tmp_path), "--port", "0"],
+    proc = subprocess.run([sys.executable, "-m", "attnserve", "serve", "--export-dir", str(tmp_path), "--port", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "manifest.json" in proc.stderr and "Traceback" not in proc.stderr

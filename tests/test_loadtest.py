@@ -1,4 +1,4 @@
-"""The Docker load test (docker/loadtest/loadtest.py, driving benchmarks/service.py's load generator)
+"""The Docker load test (docker/loadtest/loadtest.py, driving attnserve.bench.service's load generator)
 against a stub /embed server."""
 from __future__ import annotations
 

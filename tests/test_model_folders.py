@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from http_checks import check_attention_formats  # noqa: E402
 from model_folders import HIDDEN, MAX_SEQ_LENGTH, bert_folder, sentence_transformers_vectors, xlm_roberta_folder  # noqa: E402
 from attnserve.models import load_encoder, variant_names  # noqa: E402
-from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl  # noqa: E402
+from attnserve.data import DEV_DOCUMENTS, read_jsonl  # noqa: E402
 from attnserve.contract.model_folder import DEFAULT_MODEL_NAME, ModelError, read_model_folder  # noqa: E402
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
@@ -239,7 +239,7 @@ def test_a_folder_that_is_not_a_supported_model_is_exit_2_and_nothing_is_written
 
 
 def test_serve_refuses_such_a_folder_with_exit_2(folders, tmp_path, capsys):
-    from attnserve.service.cli import main
+    from attnserve.cli import main
 
     folder = broken(folders["xlmr-cls"], tmp_path, lambda d: (d / "tokenizer.json").unlink())
     status = main(["serve", "--model", str(folder), "--models-dir", str(tmp_path / "models"), "--port", "0"])
@@ -278,8 +278,8 @@ def test_adapt_trains_for_the_folder_given_and_its_weights_serve_it_only(folders
     windows are wrapped in its special tokens (<s> ... </s>), and adapt.json names it."""
     import gzip
 
-    from attnserve.models.documents import TRAIN_DOCUMENTS
-    from attnserve.service.cli import main
+    from attnserve.data import TRAIN_DOCUMENTS
+    from attnserve.cli import main
     from attnserve.contract.export_format import WeightsError
 
     data = tmp_path / "train.jsonl.gz"

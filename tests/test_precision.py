@@ -156,7 +156,7 @@ def test_a_precision_a_variant_cannot_take_is_exit_2_naming_it(tmp_path, capsys)
 
 
 def test_bench_runtime_tabulates_each_precision_against_float32():
-    from benchmarks.precision import parse_precisions, precision_table
+    from attnserve.bench.precision import parse_precisions, precision_table
 
     assert parse_precisions("int8") == ["float32", "int8"] and parse_precisions("float16,float32") == ["float32", "float16"]
     with pytest.raises(ValueError, match="valid: float32, int8, float16"):
@@ -174,7 +174,7 @@ def test_bench_quality_scores_an_int8_export_beside_float32(tmp_path):
     serving finds (the local,full one the tests above convert)."""
     import argparse
 
-    from benchmarks.quality import configure, quality_command
+    from attnserve.bench.quality import configure, quality_command
 
     parser = argparse.ArgumentParser()
     configure(parser)
@@ -190,7 +190,7 @@ def test_bench_quality_scores_an_int8_export_beside_float32(tmp_path):
     # The export's tokenizer pads no batch: a short query's states are its own tokens' only,
     # the same beside a long text as alone (float32; int8 quantizes each batch's activations
     # with one scale, so there a text's vector moves a little with its batch).
-    from benchmarks.precision import ExportedEncoder
+    from attnserve.bench.precision import ExportedEncoder
 
     int8, base, _ = converted("local,full", 512, {"window": 16}, "int8")
     for export_dir, bound in ((base, 1e-4), (int8, None)):

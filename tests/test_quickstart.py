@@ -26,7 +26,7 @@ import pytest
 from export_helpers import HTTP_MAX_LENGTH as MAX_LENGTH
 from http_server import ROOT
 
-from benchmarks.service import free_port, wait_until_healthy
+from attnserve.bench.service import free_port, wait_until_healthy
 
 # Needs the machine to itself: pytest-xdist runs this group on one worker, one test at a time.
 pytestmark = pytest.mark.xdist_group("whole_machine")

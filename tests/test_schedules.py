@@ -152,7 +152,7 @@ def test_a_served_schedule_shows_each_layer_its_own_pattern(exported):
 
 
 def test_bench_runtime_gives_a_schedule_as_ratios_to_full_and_its_pure_variants():
-    from benchmarks.runtime import schedule_ratios
+    from attnserve.bench.runtime import schedule_ratios
 
     rows = [{"variant": v, "length": n, "ort_ms": ms * n / 1024} for v, ms in
             (("full", 40.0), ("linformer", 10.0), ("longformer", 20.0), ("linformer*5,longformer", 12.0)) for n in (1024, 4096)]
@@ -168,7 +168,7 @@ def test_adapt_trains_the_learned_layers_of_a_schedule_and_its_weights_serve_tha
     import json
 
     from attnserve.train.adapt import Plan, adapt
-    from attnserve.models.documents import TRAIN_DOCUMENTS, read_jsonl
+    from attnserve.data import TRAIN_DOCUMENTS, read_jsonl
 
     data = tmp_path / "train.jsonl.gz"
     with gzip.open(data, "wt") as f:
@@ -192,7 +192,7 @@ def test_by_layer_against_a_deployment_profiles_whole_documents_against_it():
     (cut) documents. Against a schedule that holds the variant in layer 0 only, layer 0 is exact."""
     import argparse
 
-    from benchmarks.quality import layer_row
+    from attnserve.bench.quality import layer_row
 
     encoder = load_encoder("local", 512, window=WINDOW)
     encodings = encoder.tokenizer.encode_batch([" ".join(f"w{i}" for i in range(300)), "a short one"])

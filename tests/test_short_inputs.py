@@ -136,7 +136,7 @@ def test_variants_command_says_where_each_is_exact():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", "variants"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "attnserve", "variants"], capture_output=True, text=True, check=True).stdout
     lines = {line.split("|")[1].strip(): line for line in out.splitlines()[2:] if line.startswith("| ")}
     assert "exact full attention" in out.splitlines()[0]
     assert "all lengths" in lines["full"]
@@ -289,7 +289,7 @@ def test_bench_short_inputs_prints_ratios_to_full(tmp_path):
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "attnserve.service.cli", "bench", "runtime", "--short-inputs", "--variants", "sinkhorn,strided",
+        [sys.executable, "-m", "attnserve", "bench", "runtime", "--short-inputs", "--variants", "sinkhorn,strided",
          "--max-length", "256", "--repeats", "2", "--threads", "2", "--json", str(tmp_path / "rows.json"),
          "--exports-dir", str(EXPORTS_ROOT)],
         capture_output=True, text=True, check=True, timeout=900,

@@ -1,4 +1,4 @@
-"""src/attnserve/train/training_docs.py: a documentation .deb becomes long documents in the dev set's
+"""research/training_docs.py (`python -m research.training_docs`): a documentation .deb becomes long documents in the dev set's
 format, without man pages, short pages, Python's docs or held-out text. A tiny .deb built here
 stands in for a Debian package (--deb), so nothing is downloaded."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def build_deb(tmp_path: Path, files: dict[str, str], name: str = PACKAGE) -> Pat
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnserve.service.cli", "adapt", "docs", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "research.training_docs", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -107,7 +107,7 @@ def test_man_pages_short_pages_python_and_held_out_text_are_left_out(built):
 
 
 def test_needles_are_the_same_every_run(built):
-    from attnserve.train.training_docs import make_document
+    from research.training_docs import make_document
 
     rows, _ = built
     for row in rows:

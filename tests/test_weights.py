@@ -260,7 +260,7 @@ def test_export_and_serve_cli_refuse_a_missing_weights_dir(tmp_path):
     for command in (["export", "--variant", VARIANT, "--max-length", str(MAX_LENGTH), "--out", str(tmp_path / "out"), "--weights", str(nope)],
                     ["serve", "--variant", VARIANT, "--max-length", str(MAX_LENGTH), "--models-dir", str(tmp_path / "models"),
                      "--weights", str(nope)]):
-        out = subprocess.run([sys.executable, "-m", "attnserve.service.cli", *command], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-m", "attnserve", *command], capture_output=True, text=True, timeout=300)
         assert out.returncode == 2, (command[0], out.stderr)
         assert f"{nope}: no such weights directory" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "out" / "manifest.json").exists() and not (tmp_path / "models").exists()
@@ -270,7 +270,7 @@ def test_bench_quality_runs_a_variant_with_weights(adapted, tmp_path):
     import csv
 
     weights_dir, _, _ = adapted
-    base = [sys.executable, "-m", "attnserve.service.cli", "bench", "quality", "--limit", "4", "--max-length", str(MAX_LENGTH),
+    base = [sys.executable, "-m", "attnserve", "bench", "quality", "--limit", "4", "--max-length", str(MAX_LENGTH),
             "--variants", VARIANT, "--no-baselines", "--no-cosine", "--poolings", "mean", "--chunk-tokens", "128"]
     out = subprocess.run([*base, "--out", str(tmp_path / "q"), "--weights", f"{VARIANT}={weights_dir}"],
                          capture_output=True, text=True, timeout=600)

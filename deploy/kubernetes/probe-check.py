@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8121)
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen([sys.executable, "-m", "attnserve.service", "serve", "--export-dir", args.export_dir, "--host", "127.0.0.1",
+    server = subprocess.Popen([sys.executable, "-m", "attnserve", "serve", "--export-dir", args.export_dir, "--host", "127.0.0.1",
                                "--port", str(args.port), "--log-level", "warning", "--max-concurrent-requests", str(args.documents)],
                               cwd=ROOT)
     try:

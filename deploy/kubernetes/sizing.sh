@@ -16,7 +16,7 @@ port=8111
 trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait' EXIT
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     variant=${1%%=*}; export_dir=${1#*=}; shift
-    "$python" -m attnserve.service serve --export-dir "$export_dir" --host 127.0.0.1 --port "$port" --log-level warning &
+    "$python" -m attnserve serve --export-dir "$export_dir" --host 127.0.0.1 --port "$port" --log-level warning &
     pids+=($!)
     targets+=(--target "$variant=http://127.0.0.1:$port")
     port=$((port + 1))

@@ -11,7 +11,7 @@ or after --max-requests, whichever comes first; every request has a timeout; the
 run has a hard ceiling (--max-total-seconds) after which remaining phases are skipped.
 
 The requests come from the same load generator as `attnserve bench load`
-(benchmarks/service.py's closed_loop). Every request's latency is recorded, and percentiles
+(attnserve.bench.service's closed_loop). Every request's latency is recorded, and percentiles
 are exact order statistics of that list (nearest-rank: the p-th percentile is the
 ceil(p/100 * n)-th smallest latency), not histogram estimates.
 
@@ -21,6 +21,9 @@ table), OUT/latency_vs_length.png, OUT/throughput_vs_length.png and OUT/run.json
     python docker/loadtest/loadtest.py \
         --target full=http://127.0.0.1:8101 --target longformer=http://127.0.0.1:8102 \
         --duration 20 --concurrency 2 --out reports/loadtest
+
+with a Python that has attnserve installed (compose-loadtest.sh takes the repository's .venv,
+or $PYTHON): the load generator is attnserve.bench.service's, the documents attnserve.data's.
 """
 from __future__ import annotations
 
@@ -38,14 +41,11 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a script: the load generator is the checkout's benchmarks.service
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.service import check_loopback, closed_loop, default_tokenizer_path, percentile  # noqa: E402
+from attnserve.bench.service import check_loopback, closed_loop, default_tokenizer_path, percentile
+from attnserve.data import DEV_DOCUMENTS
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
-DEFAULT_DATA = ROOT / "data" / "longdocs-dev.jsonl.gz"
+DEFAULT_DATA = DEV_DOCUMENTS
 
 
 # ---------------------------------------------------------------------------- documents

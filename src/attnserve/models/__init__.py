@@ -1,7 +1,7 @@
 """attnserve's models: the long-context encoder and its registry of attention variants.
 
 The names below load on first use (PEP 562), so importing a torch-free module of this package
-(`attnserve.models.documents`) does not import torch.
+(`attnserve.models.schedule`) does not import torch.
 """
 import importlib
 

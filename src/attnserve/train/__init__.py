@@ -1,6 +1,4 @@
 """Training, the `attnserve adapt` verb: adapt.py distills what a variant adds (`adapt variant`),
-context_cache.py runs the frozen encoder once over documents (`adapt cache`), context_train.py
-learns context heads on that cache (`adapt train`; context_heads.py, context_files.py; a head
-folder's format: context_format.py; its graphs through ONNX Runtime, as `attnserve bench context`
-times them: context_runtime.py), training_docs.py builds training documents from Debian
-documentation packages (`adapt docs`). Nothing here is served: the service imports none of it."""
+the weights that ship in weights/ and that serving loads with --weights. Nothing here is served
+by itself: the service imports none of it. (Context heads and the training-documents scraper,
+which no deployment serves, are research tools outside the package: research/README.md.)"""

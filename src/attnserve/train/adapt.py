@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.models.documents import TRAIN_DOCUMENTS
+from attnserve.data import TRAIN_DOCUMENTS
 from attnserve.contract.pooling import token_ranges
 
 STAGES = ("distill", "long")
@@ -251,7 +251,7 @@ class LongText:
                  f"negatives) and -> its best {CHUNK_TOKENS}-token late chunk (in-batch negatives), averaged")
 
     def __init__(self, plan: Plan, student, train_rows, held_rows):
-        from attnserve.models.quality import passage
+        from attnserve.data.retrieval import passage
 
         if student.attention_config.positions != "learned":
             raise ValueError("stage long trains the offsets of positions=learned; pass --param positions=learned")
@@ -311,7 +311,7 @@ class LongText:
     @torch.no_grad()
     def score(self, student) -> float:
         from attnserve.models.api import pad_batch
-        from attnserve.models.quality import mean_reciprocal_rank
+        from attnserve.data.retrieval import mean_reciprocal_rank
 
         vectors, chunk_sets = [], []
         for ids in self.held_ids:  # one at a time: documents of up to max_length tokens
@@ -354,7 +354,8 @@ def max_chunk_scores(queries: torch.Tensor, chunks: torch.Tensor, valid: torch.T
 
 
 def shown_path(path) -> str:
-    """A path as adapt.json records it: relative to the repository for its bundled data."""
+    """A path as adapt.json records it: the bundled documents as data/NAME (the package's data
+    folder, which a checkout links at its root as data/), any other path in full."""
     path = Path(path).resolve()
     root = TRAIN_DOCUMENTS.parents[1]
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -397,7 +398,7 @@ def adapt(plan: Plan, log=print) -> dict:
     from attnserve.models.api import load_encoder
     from attnserve.models.registry import make_config
     from attnserve.models.weights import load_weights, save_weights
-    from attnserve.models.documents import read_jsonl
+    from attnserve.data import read_jsonl
 
     if plan.stage not in STAGES:
         raise ValueError(f"unknown stage {plan.stage!r}; valid: {', '.join(STAGES)}")

@@ -123,7 +123,7 @@ class Attention(nn.Module):
         stride) for the variants whose `cost` is O(N^2 ...), 0 for those that never score every
         query against O(N) keys at once. A fused attention kernel holds (batch, heads, n, this)
         scores while it runs, which is what bounds the longest input such a variant can take in
-        a given amount of memory (benchmarks/runtime.py skips lengths past it)."""
+        a given amount of memory (attnserve/bench/runtime.py skips lengths past it)."""
         return 0
 
     @classmethod

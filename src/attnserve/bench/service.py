@@ -30,10 +30,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.data import DEV_DOCUMENTS, read_jsonl
 from attnserve.contract.export_format import parse_params
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DOCS = DEV_DOCUMENTS
 
 
@@ -113,8 +112,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-{port}.log"
         self._log = open(self.log_path, "wb")
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, **(env or {})}, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.25) -> "ServerProcess":
         """Wait until /health answers 200; on failure stop the process and raise with its log."""
@@ -161,7 +160,7 @@ def start_serve(export_dir: Path, *flags: str, log_dir: Path | None = None) -> S
     """`attnserve serve` over an export, ready to take requests."""
     port = free_port()
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    argv = ["-m", "attnserve.service", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1", "--port", str(port),
+    argv = ["-m", "attnserve", "serve", "--export-dir", str(export_dir), "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "warning", *flags]
     return ServerProcess(argv, port, log_path=log_dir / f"attnserve-bench-{port}.log").wait_ready(300)
 

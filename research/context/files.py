@@ -1,4 +1,4 @@
-"""Writing and reading context-head folders (src/attnserve/train/context_format.py says what one
+"""Writing and reading context-head folders (research/context/format.py says what one
 holds): each head's parameters, its ONNX graph checked against PyTorch, and context.json."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.train.context_heads import make_head
-from attnserve.train.context_format import (
+from research.context.heads import make_head
+from research.context.format import (
     CONTEXT_FORMAT, GRAPH_INPUTS, GRAPH_OUTPUTS, SPEC_FILE, WEIGHTS_FILE, ContextHeadError, read_spec)
 from attnserve.contract.export_format import sha256
 

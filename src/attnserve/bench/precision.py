@@ -11,7 +11,7 @@ precision of them can gain. (ONNX Runtime's profiler is no measure of that share
 overhead inflates the thousand small nodes around the products.)
 
 Quality: an ExportedEncoder runs a variant's export at that precision with the interface
-benchmarks.quality scores PyTorch encoders through (tokenize, token_states, embed_ids).
+attnserve.bench.quality scores PyTorch encoders through (tokenize, token_states, embed_ids).
 
 A benchmark, not a test: numbers depend on the machine and on what else runs on it.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from attnserve.service.batching import pad
 from attnserve.contract.export_format import DEFAULT_PRECISION, PRECISIONS, pad_to
-from benchmarks.timing import interleaved_samples
+from attnserve.bench.timing import interleaved_samples
 
 
 def parse_precisions(text: str) -> list[str]:
@@ -170,7 +170,7 @@ def precision_table(rows: list[dict], precisions: list[str]) -> list[str]:
 
 
 class ExportedEncoder:
-    """A variant's export at one precision, scored the way benchmarks.quality scores a PyTorch
+    """A variant's export at one precision, scored the way attnserve.bench.quality scores a PyTorch
     encoder: tokenizer, tokenize(), token_states() and embed_ids() (the model's own pooling)."""
 
     def __init__(self, export_dir: Path, threads: int = 0):

@@ -1,5 +1,5 @@
-"""`attnserve bench context`: what document context buys chunk vectors and one-vector documents,
-from a cache of the frozen encoder's outputs (`attnserve adapt cache`) over documents you
+"""`python -m research.context bench`: what document context buys chunk vectors and one-vector documents,
+from a cache of the frozen encoder's outputs (`python -m research.context cache`) over documents you
 report on, and what it costs.
 
 Quality: summary (a document's query retrieves it) and needle (its 30-word needle passage
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.models.documents import DEV_DOCUMENTS
+from attnserve.data import DEV_DOCUMENTS
 
 
 def configure(parser) -> None:
-    parser.add_argument("--cache", required=True, help="cache folder of the documents to report on (`attnserve adapt cache --data FILE`)")
+    parser.add_argument("--cache", required=True, help="cache folder of the documents to report on (`python -m research.context cache --data FILE`)")
     parser.add_argument("--heads", action="append", default=[], metavar="DIR", help="context-head folder to score (repeatable)")
     parser.add_argument("--data", default=str(DEV_DOCUMENTS), help="the documents the cache was built from (for --timing-docs)")
     parser.add_argument("--timing-docs", type=int, default=0, help="time each representation on this many documents (0: no timing)")
@@ -46,7 +46,7 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def quality_rows(docs, heads: dict[str, dict]) -> list[dict]:
     """One row per representation: (label, kind, summary MRR, needle MRR)."""
-    from attnserve.train.context_train import doc_scores, mrr
+    from research.context.train import doc_scores, mrr
     from attnserve.contract.pooling import Pooling
 
     queries = torch.stack([d.query for d in docs])
@@ -83,11 +83,11 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
     """Median seconds per document of each representation, interleaved."""
     from tqdm import tqdm
 
-    from attnserve.train.context_cache import CacheWriter
-    from attnserve.models.documents import read_jsonl
+    from research.context.cache import CacheWriter
+    from attnserve.data import read_jsonl
     from attnserve.export.exporter import cached_export
     from attnserve.export.recipe import Recipe
-    from attnserve.train.context_runtime import ContextHeads
+    from research.context.runtime import ContextHeads
     from attnserve.contract.pooling import Pooling, naive_chunk_ids, pool_chunks
 
     recipe = meta["recipe"]
@@ -133,19 +133,19 @@ def timing_rows(meta: dict, data: str, heads_dir: str | None, n: int, repeats: i
 def bench_context_command(args) -> int:
     from tqdm import tqdm
 
-    from attnserve.train.context_cache import CacheError, load_cache
-    from attnserve.train.context_files import load_heads
-    from attnserve.train.context_train import Document
-    from attnserve.train.context_format import ContextHeadError
+    from research.context.cache import CacheError, load_cache
+    from research.context.files import load_heads
+    from research.context.train import Document
+    from research.context.format import ContextHeadError
 
     try:
         heads = {Path(d).name: load_heads(d) for d in args.heads}
         meta, arrays = load_cache(args.cache)
     except (CacheError, ContextHeadError) as exc:
-        raise SystemExit(f"attnserve bench context: {exc}") from None
+        raise SystemExit(f"research.context bench: {exc}") from None
     docs = [Document(a) for a in tqdm(arrays, desc="load cache", unit="doc")]
     if any(d.needle is None for d in docs):
-        raise SystemExit(f"attnserve bench context: {args.cache} has documents without a needle; cache a set with 'needle' fields (the dev set)")
+        raise SystemExit(f"research.context bench: {args.cache} has documents without a needle; cache a set with 'needle' fields (the dev set)")
     recipe = meta["recipe"]
     print(f"{len(docs)} documents of {meta['data']}, {recipe['variant']} at {recipe['max_length']} tokens, "
           f"chunks of {meta['chunk_tokens']} tokens")
@@ -158,7 +158,7 @@ def bench_context_command(args) -> int:
             per_doc = timing_rows(meta, args.data, args.heads[0] if args.heads else None, args.timing_docs, args.repeats,
                                   Path(args.models_dir).expanduser(), args.threads)
         except ContextHeadError as exc:  # heads of another variant or width than the cache's export
-            raise SystemExit(f"attnserve bench context: {exc}") from None
+            raise SystemExit(f"research.context bench: {exc}") from None
         base = per_doc["naive chunks"]
         print(f"\nSeconds per document, first {args.timing_docs} documents, median of {args.repeats} interleaved rounds:")
         print("| system | s/doc | ratio to naive chunks |")

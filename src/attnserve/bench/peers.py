@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.service import closed_loop, percentile, start_serve
+from attnserve.bench.service import closed_loop, percentile, start_serve
 
 HERE = Path(__file__).resolve().parent
 FASTEMBED = "fastembed==0.9.1"
@@ -48,7 +48,7 @@ MIN_TOKENS = 8
 
 
 def configure(parser) -> None:
-    from attnserve.models.documents import DEV_DOCUMENTS
+    from attnserve.data import DEV_DOCUMENTS
 
     parser.add_argument("--variant", default="longformer", help="what attnserve serves (default: the default deployment's variant)")
     parser.add_argument("--max-length", type=int, default=4096, help="the server's max_length (at least --doc-tokens)")
@@ -74,7 +74,7 @@ def configure(parser) -> None:
 def workloads(tokenizer, docs_path: Path, args) -> dict:
     """{"short": [request texts], "documents": [(document, [chunk texts])]} cut from real
     documents at token offsets, so every text is the length it says in this tokenizer."""
-    from attnserve.models.documents import read_jsonl
+    from attnserve.data import read_jsonl
 
     rng = random.Random(args.seed)
     rows = list(read_jsonl(docs_path))
@@ -153,7 +153,7 @@ class Worker:
     """peer_worker.py in a process of its own: one library, loaded once, run on request."""
 
     def __init__(self, system: str, python: Path, model: Path, threads: int):
-        env = {**os.environ, "PYTHONPATH": str(HERE.parent), "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
         self.system = system
         self.proc = subprocess.Popen([str(python), str(HERE / "peer_worker.py"), system, str(model), str(threads)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

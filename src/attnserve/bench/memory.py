@@ -1,7 +1,7 @@
 """Peak memory of one encoder forward, measured in a fresh process.
 
-Used by the tests (a budget linear in N) and the encoder benchmark. Run from the repository
-root as `python -m benchmarks.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
+Used by the tests (a budget linear in N) and the encoder benchmark. Run as
+`python -m attnserve.bench.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
 
 The peak is the resident set size above what the process held just before the forward:
 ru_maxrss gives it exactly when the forward sets a new record for the process, but loading
@@ -18,12 +18,10 @@ import resource
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import torch
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-CHECKOUT = Path(__file__).resolve().parents[1]  # the measuring process imports benchmarks from here
 
 
 def _resident_bytes() -> int:
@@ -69,8 +67,8 @@ def peak_extra_bytes(fn) -> tuple[int, bool]:
 def measure(variant: str, lengths: list[int], max_length: int = 16384) -> dict[int, int]:
     """{N: bytes above the loaded model's footprint at the peak of a forward at N tokens},
     each length measured in the same fresh process."""
-    code = f"import json, benchmarks.memory as m; print(json.dumps(m._run({variant!r}, {lengths!r}, {max_length})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=CHECKOUT).stdout
+    code = f"import json, attnserve.bench.memory as m; print(json.dumps(m._run({variant!r}, {lengths!r}, {max_length})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 

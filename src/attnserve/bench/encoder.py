@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from attnserve.models.registry import make_config, variant_names
-from benchmarks.timing import interleaved_medians
+from attnserve.bench.timing import interleaved_medians
 
 HEADS, HEAD_DIM = 12, 32
 
@@ -74,7 +74,7 @@ def _timed(calls: dict, repeats: int) -> dict:
 
 def bench_encoder(args) -> int:
     from attnserve.models import load_encoder
-    from benchmarks.memory import measure
+    from attnserve.bench.memory import measure
 
     names = ["full"] + [v for v in args.variants.split(",") if v and v != "full"]
     op_lengths = [int(x) for x in args.op_lengths.split(",") if x]

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Pack what benchmarks/gpu.py needs on an offline GPU machine into parts small enough to bring
+# Pack what attnserve.bench.gpu needs on an offline GPU machine into parts small enough to bring
 # one at a time (docs/gpu.md): this checkout's committed tree and the wheels such a machine
 # lacks (onnxruntime-gpu, the exporter's onnxscript and its dependencies, safetensors), for
 # the machine's Python. Run it where pip reaches PyPI.
 #
-#   bash benchmarks/gpu_bundle.sh wheels/gpu            # Python 3.12, parts of 60 MiB
-#   PYTHON_VERSION=3.11 PART_SIZE=30m bash benchmarks/gpu_bundle.sh wheels/gpu
+#   bash src/attnserve/bench/gpu_bundle.sh wheels/gpu            # Python 3.12, parts of 60 MiB
+#   PYTHON_VERSION=3.11 PART_SIZE=30m bash src/attnserve/bench/gpu_bundle.sh wheels/gpu
 #
 # Writes OUT/bundle.tar.part-00, -01, ... and OUT/SHA256SUMS (the parts and the whole tar).
 # On the GPU machine:  cat bundle.tar.part-* > bundle.tar && sha256sum -c --ignore-missing SHA256SUMS && tar -xf bundle.tar

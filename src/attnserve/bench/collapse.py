@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.data import DEV_DOCUMENTS, read_jsonl
 from attnserve.models.encoder import COLLAPSE_PATHS
 
 DEFAULT_SCHEDULE = "local,local,full"  # ModernBERT's pattern: local layers, then one that sees everything

@@ -1,5 +1,5 @@
-"""`attnserve adapt cache`: run the frozen encoder once over training documents and keep what
-the context heads (src/attnserve/train/context_heads.py) learn from, so that training never runs the encoder.
+"""`python -m research.context cache`: run the frozen encoder once over training documents and keep what
+the context heads (research/context/heads.py) learn from, so that training never runs the encoder.
 
 For each document, cut at max_length tokens and split into the deployment's chunks
 (`chunk_tokens` document tokens each, the boundaries /embed_chunks uses):
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.models.documents import read_jsonl
+from attnserve.data import read_jsonl
 from attnserve.contract.pooling import naive_chunk_ids, pool_chunks, token_chunks
 
 CACHE_FORMAT = 1
@@ -149,7 +149,7 @@ def build_cache(data: str | Path, out: str | Path, export_dir, recipe: dict, *, 
     it (called only if a shard is missing). Returns out."""
     rows = [r for r in read_jsonl(data, limit) if isinstance(r.get("text"), str) and r["text"].strip() and r.get("query")]
     if not rows:
-        raise CacheError(f"{data}: no document with both 'text' and 'query'; build one with src/attnserve/train/training_docs.py")
+        raise CacheError(f"{data}: no document with both 'text' and 'query'; build one with research/training_docs.py")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": CACHE_FORMAT, "data": str(Path(data).resolve()), "documents": len(rows), "chunk_tokens": chunk_tokens,
@@ -193,12 +193,12 @@ def load_cache(folder: str | Path) -> tuple[dict, list[dict]]:
     folder = Path(folder)
     meta_path = folder / CACHE_FILE
     if not meta_path.is_file():
-        raise CacheError(f"{folder}: no {CACHE_FILE}; build the cache first with `attnserve adapt cache --out {folder}`")
+        raise CacheError(f"{folder}: no {CACHE_FILE}; build the cache first with `python -m research.context cache --out {folder}`")
     meta = json.loads(meta_path.read_text())
     if meta.get("format") != CACHE_FORMAT:
         raise CacheError(f"{meta_path}: cache format {meta.get('format')}, this attnserve reads {CACHE_FORMAT}; rebuild it")
     if not meta.get("complete"):
-        raise CacheError(f"{folder}: the cache is not complete; run `attnserve adapt cache` again with the same options to finish it")
+        raise CacheError(f"{folder}: the cache is not complete; run `python -m research.context cache` again with the same options to finish it")
     docs = []
     for number in range((meta["documents"] + meta["shard"] - 1) // meta["shard"]):
         with np.load(folder / f"shard-{number:05d}.npz") as shard:
@@ -214,12 +214,12 @@ def load_cache(folder: str | Path) -> tuple[dict, list[dict]]:
 
 
 def configure(parser) -> None:
-    from attnserve.models.documents import TRAIN_DOCUMENTS
+    from attnserve.data import TRAIN_DOCUMENTS
 
     parser.add_argument("--data", action="append", default=[],
                         help="documents, .jsonl or .jsonl.gz with 'text' and 'query' (repeatable; default: the bundled "
-                             "data/longdocs-train.jsonl.gz): training documents for `adapt train`, or a report set for "
-                             "`bench context`; never train on the documents you report on")
+                             "data/longdocs-train.jsonl.gz): training documents for `train`, or a report set for "
+                             "`bench`; never train on the documents you report on")
     parser.add_argument("--out", required=True, help="cache folder (one per --data file: FOLDER/<file name>)")
     parser.add_argument("--variant", default="longformer", help="the deployment's attention variant (default longformer)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
@@ -261,6 +261,6 @@ def cache_command(args) -> int:
                             limit=args.limit, seed=args.seed, threads=args.threads, progress=bar.update)
             print(f"wrote {out}")
     except (CacheError, ValueError) as exc:
-        print(f"attnserve adapt cache: {exc}", file=sys.stderr)
+        print(f"research.context cache: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,5 +1,5 @@
 """Retrieval scoring shared by `attnserve adapt` (its held-out score) and `attnserve bench quality`
-(benchmarks/quality.py): needle passages cut from a text, ranks and mean reciprocal rank."""
+(attnserve/bench/quality.py): needle passages cut from a text, ranks and mean reciprocal rank."""
 from __future__ import annotations
 
 import re

@@ -2,14 +2,14 @@
 
 Run on Debian (apt-get and dpkg):
 
-    attnserve adapt docs --out /tmp/trainsets/docs.jsonl.gz
-    attnserve adapt docs --packages postgresql-doc-15,rust-doc --limit 200 --out FILE.jsonl
-    attnserve adapt docs --deb ./some-doc_1.0_all.deb --out FILE.jsonl
+    python -m research.training_docs --out /tmp/trainsets/docs.jsonl.gz
+    python -m research.training_docs --packages postgresql-doc-15,rust-doc --limit 200 --out FILE.jsonl
+    python -m research.training_docs --deb ./some-doc_1.0_all.deb --out FILE.jsonl
 
 Each package is fetched with `apt-get download` (Debian's own registry; nothing else is ever
 fetched) into --cache, unpacked with `dpkg -x`, and its HTML pages (and titled plain-text,
 reStructuredText and Markdown pages that have no rendered HTML beside them) become documents:
-one JSON object a line, the fields of data/longdocs-*.jsonl.gz (src/attnserve/models/documents.py):
+one JSON object a line, the fields of data/longdocs-*.jsonl.gz (src/attnserve/data/__init__.py):
 
     id                  PACKAGE/PATH, the page's path inside the package's documentation folder
     text                the page as text, one line per block, without its title
@@ -56,8 +56,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-CHECKOUT = Path(__file__).resolve().parents[3]
-DEV_DOCUMENTS = CHECKOUT / "data" / "longdocs-dev.jsonl.gz"
+from attnserve.data import DEV_DOCUMENTS
+
 DEFAULT_PACKAGES = (  # and about how many pages of 1,500 words or more each gives (bookworm)
     "postgresql-doc-15",    # 150: the PostgreSQL manual (its SQL reference pages are man pages: skipped)
     "rust-doc",             # 150: the Rust book, reference, nomicon, std/core API pages
@@ -358,7 +358,7 @@ class ShingleIndex:
 
 
 def held_out_index(paths: list[Path]) -> ShingleIndex:
-    from attnserve.models.documents import read_jsonl
+    from attnserve.data import read_jsonl
 
     index = ShingleIndex()
     for path in paths:
@@ -631,7 +631,7 @@ def configure(parser) -> None:
 
 
 def docs_command(args) -> int:
-    """`attnserve adapt docs`: exit 2 with what to change on a user's error."""
+    """`python -m research.training_docs`: exit 2 with what to change on a user's error."""
     try:
         if args.limit < 0:
             raise UserError("--limit must be 0 (all pages) or more")
@@ -644,7 +644,7 @@ def docs_command(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="attnserve adapt docs", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m research.training_docs", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     return docs_command(parser.parse_args(argv))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """ONNX Runtime's CUDA path against PyTorch on CUDA, for every attention variant, in one run.
 
-    python benchmarks/gpu.py --out reports/gpu               # on a machine with a GPU (docs/gpu.md)
-    python benchmarks/gpu.py --dry-run --out /tmp/gpu-dry    # the same code on the CPU, tiny sizes
-    python benchmarks/gpu.py --tables reports/gpu/gpu.json   # docs/gpu.md's tables from a run
+    python -m attnserve.bench.gpu --out reports/gpu               # on a machine with a GPU (docs/gpu.md)
+    python -m attnserve.bench.gpu --dry-run --out /tmp/gpu-dry    # the same code on the CPU, tiny sizes
+    python -m attnserve.bench.gpu --tables reports/gpu/gpu.json   # docs/gpu.md's tables from a run
 
 For each variant (full first: every ratio is to full attention):
 
@@ -46,10 +46,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: its benchmarks.* imports resolve from the checkout
-    sys.path.insert(0, str(REPO))
-
 SCHEMA = "attnserve-gpu-bench/1"
 GPU_DEFAULTS = {"variants": "all", "lengths": "1024,4096,16384", "repeats": 10, "docs": 32, "doc_tokens": 4096,
                 "batch_sizes": "4,8,16,32"}
@@ -81,7 +77,7 @@ def check_environment(dry_run: bool) -> dict:
         except ImportError as exc:
             missing.append(f"{name} ({exc})")
     if missing:
-        raise SystemExit(f"benchmarks/gpu.py: missing {', '.join(missing)}; docs/gpu.md lists the wheels to bring")
+        raise SystemExit(f"attnserve.bench.gpu: missing {', '.join(missing)}; docs/gpu.md lists the wheels to bring")
     import onnx
     import onnxruntime as ort
     import onnxscript
@@ -100,9 +96,9 @@ def check_environment(dry_run: bool) -> dict:
         env["device"] = "cpu"
         return env
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpu.py: torch sees no CUDA device; on a machine without a GPU run it with --dry-run")
+        raise SystemExit("attnserve.bench.gpu: torch sees no CUDA device; on a machine without a GPU run it with --dry-run")
     if "CUDAExecutionProvider" not in env["onnxruntime_available_providers"]:
-        raise SystemExit(f"benchmarks/gpu.py: {ort.__file__} has no CUDAExecutionProvider (providers "
+        raise SystemExit(f"attnserve.bench.gpu: {ort.__file__} has no CUDAExecutionProvider (providers "
                          f"{env['onnxruntime_available_providers']}): install onnxruntime-gpu, and only it (docs/gpu.md)")
     if "onnxruntime" in installed and "onnxruntime-gpu" in installed:
         print("warning: both onnxruntime and onnxruntime-gpu are installed; they share the onnxruntime module and "
@@ -323,9 +319,9 @@ def token_inputs(batch: int, length: int, seed: int):
 def timed(fn, repeats: int, cell_seconds: float = CELL_SECONDS) -> tuple[float, int]:
     """(median seconds, calls timed): untimed warm-up calls (the first pays for allocation and
     kernel and algorithm selection; a second unless the first alone passed cell_seconds), then
-    `repeats` timed calls (each after two untimed ones, benchmarks.timing), fewer when those
+    `repeats` timed calls (each after two untimed ones, attnserve.bench.timing), fewer when those
     would take more than cell_seconds."""
-    from benchmarks.timing import CALLS_PER_SAMPLE, median_seconds
+    from attnserve.bench.timing import CALLS_PER_SAMPLE, median_seconds
 
     one = _seconds(fn)
     if one < cell_seconds:
@@ -519,7 +515,7 @@ def ort_figures(variant: str, export_dir: Path, lengths: list[int], reference: d
     figures["provider_options"] = session.get_provider_options()
     if device.cuda and session.get_providers()[0] != "CUDAExecutionProvider":
         cuda_lines = [line for line in log.splitlines() if "CUDA" in line or "cuda" in line][:20]
-        raise SystemExit(f"benchmarks/gpu.py: ONNX Runtime could not start its CUDA provider on {graph}:\n  "
+        raise SystemExit(f"attnserve.bench.gpu: ONNX Runtime could not start its CUDA provider on {graph}:\n  "
                          + "\n  ".join(cuda_lines or log.splitlines()[-20:]))
     del session
     # ... and parity with TF32 off in ONNX Runtime's CUDA kernels, as in PyTorch's fp32 matmuls.
@@ -656,13 +652,13 @@ def run(args) -> dict:
     names = variant_names() if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(names) - set(variant_names()))
     if unknown:
-        raise SystemExit(f"benchmarks/gpu.py: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}")
+        raise SystemExit(f"attnserve.bench.gpu: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}")
     names = ["full"] + [v for v in names if v != "full"]  # every ratio is to full's
     from attnserve.models.registry import make_config, precision_refused
 
     refused = {v: why for v in names for p, why in precision_refused(make_config(v, 512)).items() if p == args.precision}
     for variant, why in refused.items():
-        print(f"benchmarks/gpu.py: {variant} skipped: it cannot be exported in {args.precision}: {why}", file=sys.stderr)
+        print(f"attnserve.bench.gpu: {variant} skipped: it cannot be exported in {args.precision}: {why}", file=sys.stderr)
     names = [v for v in names if v not in refused]
     lengths = sorted({int(x) for x in str(args.lengths).split(",")})
     batch_sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]

@@ -1,5 +1,5 @@
-"""`attnserve adapt train`: learn context heads (src/attnserve/train/context_heads.py) on a cache written by
-`attnserve adapt cache`, in minutes, with the encoder frozen and never run.
+"""`python -m research.context train`: learn context heads (research/context/heads.py) on a cache written by
+`python -m research.context cache`, in minutes, with the encoder frozen and never run.
 
 Objective: InfoNCE with in-batch negatives, temperature 0.05, over two kinds of query per
 document: its query (title) and its cached 30-word passages, each of whose positive is the
@@ -9,7 +9,7 @@ Queries are the cache's vectors of short texts, as the service embeds any query.
 
 Checkpoints are chosen on documents held out of the cache (the last `holdout` after a seeded
 shuffle), by the mean of the query and passage MRRs over them; nothing else is read. The out
-folder (src/attnserve/train/context_files.py says what it holds) gets the best head of each design given,
+folder (research/context/files.py says what it holds) gets the best head of each design given,
 its ONNX graph (checked against PyTorch), and a curve of training loss and held-out score.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnserve.train.context_heads import DESIGNS, make_head
+from research.context.heads import DESIGNS, make_head
 
 TEMPERATURE = 0.05
 SMOOTH_MAX = 0.01  # temperature of the smooth maximum over a document's chunks while training
@@ -161,7 +161,7 @@ def split(docs: list, holdout: int, seed: int) -> tuple[list, list]:
 
 def configure(parser) -> None:
     parser.add_argument("--cache", action="append", required=True,
-                        help="a cache folder written by `attnserve adapt cache` (repeatable: their documents are pooled)")
+                        help="a cache folder written by `python -m research.context cache` (repeatable: their documents are pooled)")
     parser.add_argument("--out", required=True, help="context-head folder to write (context.json, context.safetensors, *.onnx, curve.png)")
     parser.add_argument("--designs", default="mix,attention-pooling",
                         help=f"comma-separated designs, at most one per kind ({', '.join(DESIGNS)}; default mix,attention-pooling)")
@@ -183,8 +183,8 @@ def train_command(args) -> int:
 
     from tqdm import tqdm
 
-    from attnserve.train.context_cache import CacheError, load_cache
-    from attnserve.train.context_files import save_heads
+    from research.context.cache import CacheError, load_cache
+    from research.context.files import save_heads
 
     try:
         designs = [d.strip() for d in args.designs.split(",") if d.strip()]
@@ -208,7 +208,7 @@ def train_command(args) -> int:
         if args.train_documents:
             train = train[: args.train_documents]
     except (CacheError, ValueError) as exc:
-        print(f"attnserve adapt train: {exc}", file=sys.stderr)
+        print(f"research.context train: {exc}", file=sys.stderr)
         return 2
     print(f"{len(train)} training documents, {len(held)} held out, from {', '.join(args.cache)}", flush=True)
     heads, records = {}, {}

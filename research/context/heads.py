@@ -1,5 +1,5 @@
 """Context heads: small modules that give chunk vectors and document vectors what the long pass
-knows, trained on a cache of the frozen encoder's outputs (src/attnserve/train/context_cache.py).
+knows, trained on a cache of the frozen encoder's outputs (research/context/cache.py).
 
 Each design is a torch module with one `forward` over one document, the signature of its
 kind, and `identity()` true at initialisation (it then gives what serving gives without it):
@@ -14,8 +14,8 @@ Designs (DESIGNS): "mix" (chunks) adds gated, low-rank projections of the chunk'
 and the document vector to the naive one; "attend" (chunks) lets each naive chunk vector attend
 over the document's late chunk vectors (one low-rank head, output projection zero at first);
 "attention-pooling" (pooling) weighs tokens by a tiny scorer on their hidden states (zero
-scorer: the mean). A document of one chunk is left as it is by every design: training, `bench
-context` and the ONNX runner (context_runtime.py) skip the head there, so a short text keeps
+scorer: the mean). A document of one chunk is left as it is by every design: training, `python -m
+research.context bench` and the ONNX runner (runtime.py) skip the head there, so a short text keeps
 the pretrained vector exactly.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What a context-head folder holds (`attnserve adapt train --out DIR`), read by the PyTorch heads
-(context_files.py) and their ONNX Runtime runner (context_runtime.py) alike:
+"""What a context-head folder holds (`python -m research.context train --out DIR`), read by the PyTorch heads
+(files.py) and their ONNX Runtime runner (runtime.py) alike:
 
     context.json          `ContextSpec`: what the heads were trained on and how to call them
     context.safetensors   the heads' PyTorch parameters, "<kind>." + parameter name
@@ -24,7 +24,7 @@ WEIGHTS_FILE = "context.safetensors"
 HEAD_KINDS = ("chunks", "pooling")
 GRAPH_INPUTS = {"chunks": ["naive", "late", "doc"], "pooling": ["hidden"]}
 GRAPH_OUTPUTS = {"chunks": "chunks", "pooling": "vector"}
-TRAIN_COMMAND = "attnserve adapt cache --out CACHE && attnserve adapt train --cache CACHE/longdocs-train --out DIR"
+TRAIN_COMMAND = "python -m research.context cache --out CACHE && python -m research.context train --cache CACHE/longdocs-train --out DIR"
 
 
 class ContextHeadError(ValueError):

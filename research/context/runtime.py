@@ -1,7 +1,7 @@
 """Context heads through ONNX Runtime: the small graphs of a context-head folder
-(src/attnserve/train/context_format.py says what one holds), run on the CPU one document at a
-time, as `attnserve bench context` times them beside naive and late chunks. test_context.py
-checks them against the PyTorch heads (context_files.load_heads).
+(research/context/format.py says what one holds), run on the CPU one document at a
+time, as `python -m research.context bench` times them beside naive and late chunks. test_context.py
+checks them against the PyTorch heads (research.context.files.load_heads).
 
 `chunks(naive, late, doc)` gives a document's chunk vectors their context; `pool(hidden)` is the
 learned pooling. No deployment serves them: they lost to naive chunks (docs/results/context.md).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.train.context_format import GRAPH_INPUTS, GRAPH_OUTPUTS, check_export, read_spec
+from research.context.format import GRAPH_INPUTS, GRAPH_OUTPUTS, check_export, read_spec
 
 
 class ContextHeads:

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnserve.models.quality import first_sentence, passage, scores
-from attnserve.models.documents import DEV_DOCUMENTS, read_jsonl
+from attnserve.data.retrieval import first_sentence, passage, scores
+from attnserve.data import DEV_DOCUMENTS, read_jsonl
 from attnserve.contract.export_format import DEFAULT_PRECISION, parse_param
 from attnserve.contract.model_folder import wrapping_ids
 from attnserve.contract.pooling import POOLING_MODES, Pooling, naive_chunk_ids, pool_chunks, token_chunks
@@ -168,8 +168,8 @@ def evaluate_variant(variant: str, params: dict, rows, args, full_head, weights_
         encoder = load_encoder(variant, max_length=args.max_length, weights=weights_dir, **params)
     else:
         from attnserve.export.exporter import cached_export
+        from attnserve.bench.precision import ExportedEncoder
         from attnserve.export.recipe import Recipe
-        from benchmarks.precision import ExportedEncoder
 
         # With its attention maps: the export `attnserve serve --precision` makes, so it serves the one scored here.
         recipe = Recipe.resolve(variant, params, args.max_length, weights=weights_dir, precision=precision)
@@ -273,7 +273,7 @@ def quality_command(args) -> int:
         raise SystemExit(str(exc)) from None
     variants = [v for v in args.variants.split(",") if v] + list(args.schedule)
     weights_dirs = parse_weights(args.weights, variants)
-    from benchmarks.precision import parse_precisions
+    from attnserve.bench.precision import parse_precisions
 
     try:
         precisions = parse_precisions(args.precision)

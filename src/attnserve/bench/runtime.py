@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.flops import count_flops, matmul_peak_flops
-from benchmarks.timing import interleaved_medians, median_seconds
+from attnserve.bench.flops import count_flops, matmul_peak_flops
+from attnserve.bench.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
 SHORT_LENGTHS = (16, 128)  # a retrieval query, a short passage
@@ -356,7 +356,7 @@ def schedule_ratios(rows: list[dict], schedules, lengths) -> list[str]:
 
 
 def _precision_command(args, names: list[str], lengths: list[int]) -> int:
-    from benchmarks.precision import bench_precision, parse_precisions, precision_table
+    from attnserve.bench.precision import bench_precision, parse_precisions, precision_table
 
     try:
         precisions = parse_precisions(args.precision)
@@ -384,7 +384,7 @@ def bench_runtime_command(args) -> int:
         print(f"attnserve bench runtime: unknown variant(s) {', '.join(unknown)}; valid: {', '.join(variant_names())}", file=sys.stderr)
         return 2
     from attnserve.models.registry import make_config
-    from benchmarks.quality import variant_params
+    from attnserve.bench.quality import variant_params
 
     try:
         params = variant_params(args.param)

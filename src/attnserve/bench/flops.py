@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from benchmarks.timing import median_seconds
+from attnserve.bench.timing import median_seconds
 
 
 def _cpu_flash_attention(query, key, value, *args, out_val=None, **kwargs) -> int:

@@ -1,0 +1,5 @@
+import sys
+
+from research.context.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from attnserve.service.cli import main
-
-sys.exit(main())
