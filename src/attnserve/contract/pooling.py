@@ -20,6 +20,9 @@ import numpy as np
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "opening")
 DEFAULT_POOLING = "opening"  # what a deployment pools by unless told otherwise (serve's --pooling)
+# The opening of a model whose folder says no trained length (sentence_bert_config.json's
+# max_seq_length): all-MiniLM-L6-v2's 256.
+OPENING_TOKENS = 256
 
 
 def default_pooling(manifest: dict | None) -> str:
@@ -27,6 +30,19 @@ def default_pooling(manifest: dict | None) -> str:
     (manifest.json's model) where it is cls or lasttoken, since opening mixes means, which only
     a mean-pooled model was trained for; DEFAULT_POOLING otherwise."""
     return pooling_for(((manifest or {}).get("model") or {}).get("pooling"))
+
+
+def default_opening_tokens(manifest: dict | None) -> int:
+    """The opening of a deployment of an export unless told otherwise: the length the model was
+    trained at (its max_seq_length, manifest.json's model), so that opening pooling changes no
+    vector of a text the model was trained to read whole; OPENING_TOKENS where it says none."""
+    return opening_tokens_for(((manifest or {}).get("model") or {}).get("max_seq_length"))
+
+
+def opening_tokens_for(max_seq_length: int | None) -> int:
+    """The default opening of a model trained at max_seq_length tokens: the same for a
+    deployment (default_opening_tokens) and for the Python API (Encoder.default_pooling)."""
+    return max_seq_length or OPENING_TOKENS
 
 
 def pooling_for(model_pooling: str | None) -> str:
@@ -48,7 +64,7 @@ class Pooling:
 
     mode: str
     opening_weight: float = 0.35
-    opening_tokens: int = 256
+    opening_tokens: int = OPENING_TOKENS
 
     def __post_init__(self):
         if self.mode not in POOLING_MODES:

@@ -287,13 +287,15 @@ def _export_float32(encoder: Encoder, recipe: Recipe, out_dir, *, verify: bool, 
 
 
 def configure_export(parser) -> None:
-    parser.add_argument("--model", metavar="DIR", help="sentence-transformers folder of a BERT or XLM-RoBERTa model to "
-                        "export (config.json, model.safetensors, tokenizer.json, modules.json; default: the bundled "
-                        "all-MiniLM-L6-v2)")
-    parser.add_argument("--variant", required=True, help="attention variant, or a schedule of one per layer such as "
-                        "linformer*5,longformer (see `attnserve variants`)")
+    parser.add_argument("--model", metavar="DIR", help="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT "
+                        "model to export (config.json, model.safetensors, tokenizer.json, modules.json; default: the "
+                        "bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--variant", help="attention variant, or a schedule of one per layer such as "
+                        "linformer*5,longformer; native: the model's own attention (see `attnserve variants`; default: "
+                        "native for a model with an attention pattern of its own, ModernBERT, else longformer)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="variant parameter (repeatable)")
-    parser.add_argument("--max-length", type=int, default=16384, help="longest input in tokens (default 16384)")
+    parser.add_argument("--max-length", type=int, help="longest input in tokens (default: a rotary model's trained "
+                        "length, ModernBERT's max_position_embeddings, else 16384)")
     parser.add_argument("--out", help="export directory to write (required unless --print-recipe)")
     parser.add_argument("--no-analysis", action="store_true",
                         help="skip analysis.onnx and collapse.onnx (attention maps, rank collapse paths)")

@@ -20,9 +20,9 @@ from attnserve.contract.export_format import (
 from attnserve.contract.model_folder import ModelFolder
 from attnserve.export.graphs import OPSET
 from attnserve.export.precision import check_precision
-from attnserve.models.api import Encoder, build_encoder
+from attnserve.models.api import Encoder, build_encoder, model_config
 from attnserve.models.pretrained import load_model
-from attnserve.models.registry import length_multiple, make_config, precision_refused
+from attnserve.models.registry import length_multiple, precision_refused
 
 MAX_BATCH = 1024  # the most inputs a graph's batch axis is exported for
 
@@ -50,21 +50,25 @@ class Recipe:
     requested: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def resolve(cls, variant: str, params: dict | None = None, max_length: int = 16384, *, model=None, weights=None,
+    def resolve(cls, variant: str | None = None, params: dict | None = None, max_length: int | None = None, *, model=None, weights=None,
                 precision: str = DEFAULT_PRECISION, analysis: bool = True, optimize: bool = False, opset: int = OPSET,
                 max_batch: int = MAX_BATCH) -> "Recipe":
-        """The recipe of `variant` (or a schedule) with `params` for inputs of up to max_length
-        tokens over `model` (a folder or ModelFolder; None: the bundled all-MiniLM-L6-v2).
-        ValueError for an unknown variant or parameter, an impossible value or a precision the
-        variant cannot take; ModelError for a folder that is not a supported model and
-        WeightsError for a weights directory without its file (both ValueErrors)."""
+        """The recipe of `variant` (or a schedule; None: the model's default_variant) with `params`
+        for inputs of up to max_length tokens (None: the model's default_max_length) over `model`
+        (a folder or ModelFolder; None: the bundled all-MiniLM-L6-v2). ValueError for an unknown
+        variant or parameter, an impossible value or a precision the variant cannot take;
+        ModelError for a folder that is not a supported model and WeightsError for a weights
+        directory without its file (both ValueErrors)."""
         params = dict(params or {})
+        folder = load_model(model)
+        variant = folder.default_variant if variant is None else variant
+        max_length = folder.default_max_length if max_length is None else max_length
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
-        config = make_config(variant, max_length, **params)
+        config = model_config(variant, max_length, folder, params)
         check_variant_precision(config, precision)
         digest = sha256(weights_file(weights)) if weights is not None else None
-        return cls(config, max_length, load_model(model), Path(weights) if weights is not None else None, digest, precision,
+        return cls(config, max_length, folder, Path(weights) if weights is not None else None, digest, precision,
                    analysis, optimize, opset, max_batch, params)
 
     @classmethod

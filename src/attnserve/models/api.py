@@ -9,12 +9,14 @@ import torch
 from attnserve.models.encoder import LongContextEncoder, rank_collapse_ratio
 from attnserve.models.families import family_of
 from attnserve.models.pretrained import load_model, load_pretrained, load_tokenizer
-from attnserve.models.registry import make_config
+from attnserve.models.registry import VARIANTS, make_config, variant_class, variant_names
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
 from attnserve.contract.model_folder import wrapping_ids
+from attnserve.contract.schedule import resolve_native, schedule_text
 from attnserve.contract.pooling import (
-    CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, Pooling, check_spans, naive_chunk_ids, pool_chunks, pooling_for, span_chunks, token_chunks,
+    CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, Pooling, check_spans, naive_chunk_ids, opening_tokens_for, pool_chunks, pooling_for,
+    span_chunks, token_chunks,
 )
 
 # Documents are embedded in batches of at most this many (padded) tokens: long documents
@@ -65,7 +67,7 @@ class Encoder(LongContextEncoder):
         """What embed() pools by unless told otherwise: what a deployment of this model pools by
         (contract.pooling.pooling_for: opening for a mean-pooled model, the model's own cls or
         lasttoken otherwise), so embed() gives the vectors /embed gives."""
-        return Pooling(pooling_for(self.shape.pooling))
+        return Pooling(pooling_for(self.shape.pooling), opening_tokens=opening_tokens_for(self.model.max_seq_length))
 
     @torch.no_grad()
     def embed(self, texts: list[str], pooling: Pooling | None = None, normalize: bool = True, query: bool = False) -> torch.Tensor:
@@ -199,17 +201,55 @@ def pad_batch(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, mask
 
 
-def load_encoder(variant: str = "longformer", max_length: int = 16384, weights=None, model=None, **params) -> Encoder:
-    """An eval-mode encoder over `model` (a sentence-transformers folder of a BERT or
-    XLM-RoBERTa model, or a ModelFolder; None: the bundled all-MiniLM-L6-v2) whose attention is
-    `variant` with `params` (see `attnserve variants`). Unknown variants or parameters and
+def load_encoder(variant: str | None = None, max_length: int | None = None, weights=None, model=None, **params) -> Encoder:
+    """An eval-mode encoder over `model` (a sentence-transformers folder of a BERT, XLM-RoBERTa
+    or ModernBERT model, or a ModelFolder; None: the bundled all-MiniLM-L6-v2) whose attention is
+    `variant` with `params` (see `attnserve variants`; None: the model's default_variant,
+    longformer for BERT and XLM-RoBERTa, native for ModernBERT), for inputs of up to max_length
+    tokens (None: the model's default_max_length). Unknown variants or parameters and
     impossible values raise ValueError saying what is valid; a folder that is not a supported
     model a ModelError (a ValueError) naming the file. `weights`: a directory `attnserve adapt`
     wrote, whose tensors replace the pretrained ones (models.weights; a WeightsError, a
     ValueError, names the file when they do not fit, or the model when they were trained on
     another). encoder.weights says which were applied (None: none)."""
+    folder = load_model(model)
+    variant = folder.default_variant if variant is None else variant
+    max_length = folder.default_max_length if max_length is None else max_length
     check_max_length(max_length)
-    return build_encoder(make_config(variant, max_length, **params), max_length, model=model, weights=weights)
+    return build_encoder(model_config(variant, max_length, folder, params), max_length, model=folder, weights=weights)
+
+
+def check_rotary(model, config) -> None:
+    """ValueError naming the variants of `config` that cannot carry a rotary model's positions
+    (Attention.rotary_refused: RoPE rotates queries and keys, so only a variant that scores each
+    query against single tokens' keys keeps it) and those that can."""
+    layers = config.per_layer(model.num_layers)
+    refused = {c.variant: variant_class(c.variant).rotary_refused for c in layers if variant_class(c.variant).rotary_refused}
+    if refused:
+        can = ", ".join(name for name, cls in VARIANTS.items() if not cls.rotary_refused)
+        why = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+        raise ValueError(f"{model.name}'s positions are rotary (RoPE: queries and keys rotated by position), which "
+                         f"{', '.join(refused)} cannot carry ({why}); the variants that can: {can}")
+
+
+def model_config(variant: str, max_length: int, model, params: dict | None = None):
+    """The attention config of `variant` or a schedule over `model` (a ModelFolder): spelled
+    for the model's layer count, `native` standing for the model's own attention in the layers
+    it names (contract.schedule.resolve_native; its window a parameter the user's may override)."""
+    text, native = resolve_native(variant, model.native_layers(), model.local_window, variant_names())
+    config = make_config(text, max_length, num_layers=model.num_layers, **{**native, **(params or {})})
+    if model.rotary:
+        check_rotary(model, config)
+    if model.rotary and max_length > model.max_positions:
+        unbounded = sorted({c.variant for c in config.per_layer(model.num_layers) if not variant_class(c.variant).bounded_span})
+        if unbounded:
+            bounded = ", ".join(name for name, cls in VARIANTS.items() if cls.bounded_span)
+            example = schedule_text(["longformer" if own == "full" else "native" for own in model.native_layers()])
+            raise ValueError(f"max_length {max_length} is past the {model.max_positions} positions {model.name} was trained "
+                             f"at; rotary positions go past them only where every layer reaches a bounded span ({bounded}), "
+                             f"and {', '.join(unbounded)} does not: serve at most {model.max_positions} tokens, or put "
+                             f"bounded variants in those layers (e.g. --variant {example})")
+    return config
 
 
 def build_encoder(config, max_length: int, model=None, weights=None) -> Encoder:

@@ -37,9 +37,10 @@ class LongContextEncoder(nn.Module):
         self.max_length = max_length
         head_dim = shape.hidden_size // shape.num_heads
         self.embeddings = family.embeddings(shape, attention_config)
+        layer_configs = attention_config.per_layer(shape.num_layers)
         self.layers = nn.ModuleList(
-            family.layer(shape, build_attention(layer_config, shape.num_heads, head_dim, max_length), attention_config)
-            for layer_config in attention_config.per_layer(shape.num_layers)
+            family.layer(shape, build_attention(layer_config, shape.num_heads, head_dim, max_length), attention_config, index)
+            for index, layer_config in enumerate(layer_configs)
         )
         self.final_norm = family.final_norm(shape)
 

@@ -25,8 +25,8 @@ from attnserve.models.attention.lsh import LSHAttention
 from attnserve.models.attention.sinkhorn import SinkhornAttention
 from attnserve.models.attention.strided import StridedAttention
 from attnserve.models.attention.synthesizer import SynthesizerAttention
-from attnserve.models.schedule import (ScheduleConfig, distinct_configs, layer_variants, parse_schedule, schedule_text,
-                                       shared_fields, split_params)
+from attnserve.models.schedule import (NUM_LAYERS, ScheduleConfig, distinct_configs, layer_variants, parse_schedule,
+                                       schedule_text, shared_fields, split_params)
 
 # In table order (`attnserve variants`): full attention, the fixed patterns, the learned ones.
 SHIPPED: tuple[type[Attention], ...] = (
@@ -66,12 +66,13 @@ def parameters(variant: str) -> dict[str, object]:
     return {f.name: f.default for f in dataclasses.fields(config_class)}
 
 
-def make_config(variant: str, max_length: int, **params) -> AttentionConfig | ScheduleConfig:
-    """The config of a variant or of a schedule (a variant per layer, src/attnserve/models/schedule.py) from
-    keyword parameters (`key` or `variant.key`); unknown names and impossible values are a
-    ValueError that lists what is valid. String values (from a CLI) are converted. A schedule
-    whose layers all run one variant gives that variant's config."""
-    layers = parse_schedule(variant, variant_names())
+def make_config(variant: str, max_length: int, *, num_layers: int = NUM_LAYERS, **params) -> AttentionConfig | ScheduleConfig:
+    """The config of a variant or of a schedule (a variant per layer, src/attnserve/models/schedule.py,
+    spelled for a model of num_layers layers) from keyword parameters (`key` or `variant.key`);
+    unknown names and impossible values are a ValueError that lists what is valid. String
+    values (from a CLI) are converted. A schedule whose layers all run one variant gives that
+    variant's config."""
+    layers = parse_schedule(variant, variant_names(), num_layers)
     shared = set(shared_fields())
     fields = {name: {f.name for f in dataclasses.fields(variant_class(name).config_class)} for name in dict.fromkeys(layers)}
     configs = {name: _variant_config(name, max_length, own) for name, own in split_params(params, fields, shared).items()}

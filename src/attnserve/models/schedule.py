@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnserve.contract.schedule import FORMS, NUM_LAYERS, parse_schedule, schedule_text  # noqa: F401
+from attnserve.contract.schedule import FORMS, NATIVE, NUM_LAYERS, parse_schedule, schedule_text  # noqa: F401
 from attnserve.models.attention.base import AttentionConfig
 
 

@@ -44,6 +44,8 @@ from safetensors.torch import load_file, save_file
 # serving names exports by the weights' sha256).
 from attnserve.contract.export_format import META_FILE, WEIGHTS_FILE, WeightsError, param_arg, sha256, weights_file
 from attnserve.contract.model_folder import describe_record
+from attnserve.contract.schedule import schedule_text
+from attnserve.models.schedule import layer_variants
 
 __all__ = ["META_FILE", "WEIGHTS_FILE", "WeightsError", "check_weights_dir", "load_weights", "read_meta", "save_weights",
            "weights_file"]
@@ -112,21 +114,21 @@ log = logging.getLogger("attnserve.models.weights")
 LAYER_TENSOR = re.compile(r"layers\.(\d+)\.")
 
 
-def trained_layers(meta: dict | None, variant: str) -> list[int] | None:
-    """The layers of a `variant` (or schedule) encoder that take the weights: where it runs the
-    variant adapt.json's names, for weights of one variant; every layer of the same schedule,
-    for weights trained in a schedule (its layers learned together, so they serve only it).
-    None without an adapt.json (nothing says, so every tensor applies)."""
+def trained_layers(meta: dict | None, layers) -> list[int] | None:
+    """The layers of an encoder whose layers run `layers` (a variant name each) that take the
+    weights: where it runs the variant adapt.json's names, for weights of one variant; every
+    layer of the same schedule, for weights trained in a schedule (its layers learned together,
+    so they serve only it). None without an adapt.json (nothing says, so every tensor applies)."""
     from attnserve.models.registry import variant_names
     from attnserve.models.schedule import parse_schedule
 
     if meta is None:
         return None
+    layers = list(layers)
     try:
-        trained = parse_schedule(str(meta.get("variant")), variant_names())
+        trained = list(parse_schedule(str(meta.get("variant")), variant_names(), len(layers)))
     except ValueError:
         return []
-    layers = parse_schedule(variant, variant_names())
     if len(set(trained)) > 1:
         return list(range(len(layers))) if trained == layers else []
     return [i for i, (a, b) in enumerate(zip(trained, layers)) if a == b]
@@ -145,9 +147,9 @@ def file_model(path) -> dict | None:
     return {"name": metadata.get("model_name", "?"), "sha256": metadata["model_sha256"]}
 
 
-def check_weights_dir(weights_dir, variant: str, model=None) -> dict | None:
+def check_weights_dir(weights_dir, layers, model=None) -> dict | None:
     """The directory holds weights.safetensors and, when it has an adapt.json, was trained for
-    `variant` or for a variant some layer of the `variant` schedule runs, and on `model` (a
+    the variant of some of `layers` (each layer's variant name) or for their schedule, and on `model` (a
     ModelFolder; adapt.json's "model", else weights.safetensors' metadata's, else the bundled
     all-MiniLM-L6-v2 where an adapt.json names none);
     returns that adapt.json (None without one). WeightsError otherwise."""
@@ -159,8 +161,8 @@ def check_weights_dir(weights_dir, variant: str, model=None) -> dict | None:
         raise WeightsError(f"weights in {weights_dir} were trained for the model {describe_record(trained_on)}, "
                            f"not {describe_record(model.record)} ({model.dir}); serve them with the model they were "
                            f"trained for (--model), or adapt this model (see {weights_dir / META_FILE})")
-    if trained_layers(meta, variant) == []:
-        trained_for = meta.get("variant")
+    if trained_layers(meta, layers) == []:
+        trained_for, variant = meta.get("variant"), schedule_text(layers)
         raise WeightsError(f"weights in {weights_dir} were trained for {trained_for}, not {variant}; "
                            f"use variant {trained_for!r} (or a schedule with its layers) with them or adapt {variant} "
                            f"(see {weights_dir / META_FILE})")
@@ -186,7 +188,8 @@ def load_weights(encoder: torch.nn.Module, weights_dir, any_parameters: bool = F
     shapes it does not have; nothing is copied in then."""
     weights_dir = Path(weights_dir)
     variant = encoder.attention_config.variant
-    meta = check_weights_dir(weights_dir, variant, getattr(encoder, "model", None))
+    layers = layer_variants(encoder.attention_config, len(encoder.layers))
+    meta = check_weights_dir(weights_dir, layers, getattr(encoder, "model", None))
     mismatch = {} if any_parameters else parameter_mismatch(meta, encoder.attention_config)
     if mismatch:
         flags = " ".join(f"--param {param_arg(key, trained)}" for key, (trained, _) in mismatch.items())
@@ -199,7 +202,7 @@ def load_weights(encoder: torch.nn.Module, weights_dir, any_parameters: bool = F
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise WeightsError(f"{path}: not a readable safetensors file ({exc}); rewrite it with `attnserve adapt`") from exc
-    layers = trained_layers(meta, variant)
+    layers = trained_layers(meta, layers)
     unused = sorted(name for name in tensors if layers is not None and (m := LAYER_TENSOR.match(name)) and int(m[1]) not in layers)
     if unused:
         log.warning("%s: %d tensors of layers the %s encoder runs another variant in are unused (trained for %s: %s)",

@@ -17,7 +17,7 @@ from attnserve.service.batching import TokenBudgetBatcher, default_batch_tokens
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.lifetime import RequestLifetimeMiddleware
 from attnserve.service.metrics import ServiceMetrics
-from attnserve.contract.pooling import Pooling, default_pooling
+from attnserve.contract.pooling import Pooling, default_opening_tokens, default_pooling
 from attnserve.service.middleware import BearerAuthMiddleware, BodyLimitMiddleware, TimingMiddleware
 from attnserve.service.routes import attention, chunks, collapse, embed, explorer, install_deployment_schema, meta, openai
 from attnserve.service.settings import VERSION, Settings
@@ -75,7 +75,8 @@ def create_app(settings: Settings | None = None, runner: Runner | None = None, t
             on_batch=metrics.inputs_run.inc,
             max_queued_tokens=settings.max_queued_tokens,
             by_length=settings.batch_order == "length",
-            pooling=Pooling(deployment_pooling(settings, runner), settings.opening_weight, settings.opening_tokens),
+            pooling=Pooling(deployment_pooling(settings, runner), settings.opening_weight,
+                            settings.opening_tokens or default_opening_tokens(getattr(runner, "manifest", None))),
         )
         pool = ThreadPoolExecutor(max_workers=settings.tokenization_workers, thread_name_prefix="attnserve-tokenize")
         app.state.service = ServiceState(

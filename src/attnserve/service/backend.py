@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost
-from attnserve.contract.pooling import Pooling, default_pooling
+from attnserve.contract.pooling import Pooling, default_opening_tokens, default_pooling
 
 
 @runtime_checkable
@@ -63,7 +63,8 @@ class Backend:
 
     def __init__(self, runner: Runner, pooling: Pooling | None = None):
         self.runner = runner
-        self.pooling = pooling or Pooling(default_pooling(getattr(runner, "manifest", None)))
+        manifest = getattr(runner, "manifest", None)
+        self.pooling = pooling or Pooling(default_pooling(manifest), opening_tokens=default_opening_tokens(manifest))
         # How the graph's own sentence_embedding is pooled: the model's pooling (manifest.json's
         # model; older exports: the bundled model's mean, normalised).
         model = (getattr(runner, "manifest", None) or {}).get("model") or {}

@@ -27,7 +27,7 @@ from attnserve.contract.export_format import (  # noqa: F401 - WeightsError, WEI
     DEFAULT_PRECISION, META_FILE, WEIGHTS_FILE, ExportError, Manifest, WeightsError, code_sha256, export_name, param_arg,
     read_manifest, sha256, weights_file)
 from attnserve.contract.model_folder import DEFAULT_MODEL_NAME, describe_record, read_model_folder
-from attnserve.contract.schedule import canonical_schedule, schedule_slug
+from attnserve.contract.schedule import NUM_LAYERS, resolve_native, schedule_slug
 from attnserve.service.settings import Settings
 
 log = logging.getLogger("attnserve")
@@ -215,11 +215,21 @@ def check_export_target(target: Path) -> None:
         )
 
 
+def served_schedule(settings: Settings) -> str:
+    """The canonical text of the variant or schedule the settings serve, as an export records
+    it: spelled for the model's layer count, `native` resolved to the model's own attention
+    (torch-free: read from the model folder; the bundled model's pattern is full attention)."""
+    if settings.model is None:
+        return resolve_native(settings.variant, ("full",) * NUM_LAYERS)[0]
+    folder = read_model_folder(settings.model)
+    return resolve_native(settings.variant, folder.native_layers(), folder.local_window)[0]
+
+
 def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
     """(directory, manifest) of each finished export under models_dir for this variant,
     max_length and precision, newest first."""
     found = []
-    variant = canonical_schedule(settings.variant)
+    variant = served_schedule(settings)
     for manifest_path in settings.models_dir.glob(f"{schedule_slug(variant)}-L{settings.max_length}-*/manifest.json"):
         try:
             manifest = read_manifest(manifest_path.parent)

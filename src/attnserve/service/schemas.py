@@ -443,6 +443,9 @@ class ModelInfo(BaseModel):
     sha256: str = Field(description="sha256 of the model's model.safetensors")
     pooling: str = Field(description="the model's own pooling (its sentence-transformers Pooling module): mean, cls or lasttoken")
     normalize: bool = Field(description="whether the model L2-normalises its vectors (a Normalize module)")
+    architecture: str | None = Field(None, description="bert, xlm-roberta or modernbert (null: an export older than this field)")
+    max_positions: int | None = Field(None, description="the positions the model was trained with (its position table's rows, or a rotary model's max_position_embeddings)")
+    max_seq_length: int | None = Field(None, description="the length its sentence-transformers folder says it was trained at (sentence_bert_config.json)")
 
 
 class InfoResponse(BaseModel):
@@ -455,6 +458,7 @@ class InfoResponse(BaseModel):
     parameters: dict
     pooling: PoolingInfo
     max_length: int
+    past_trained_length: bool = Field(description="whether max_length is past the positions the model was trained with (max_positions): positions past them are stretched (a learned table) or extrapolated (rotary, served only where every layer's span is bounded)")
     hidden_size: int
     num_layers: int
     num_heads: int

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from attnserve.contract.export_format import DEFAULT_PRECISION, PRECISIONS, parse_params
+from attnserve.contract.model_folder import DEFAULT_MAX_LENGTH, DEFAULT_VARIANT, read_model_folder
 from attnserve.contract.pooling import DEFAULT_CHUNK_CONTEXT, DEFAULT_POOLING, ChunkContext, Pooling
 
 VERSION = "0.1.0"
@@ -24,10 +25,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid")
 
     # What to serve.
-    model: Path | None = Field(None, description="sentence-transformers folder of a BERT or XLM-RoBERTa model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2)")
-    variant: str = Field("longformer", description="attention variant, or a schedule of one per layer such as linformer*5,longformer (see `attnserve variants`)")
+    model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2)")
+    variant: str | None = Field(None, description=f"attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`; none: native for a model with an attention pattern of its own, ModernBERT, else {DEFAULT_VARIANT})")
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
-    max_length: int = Field(16384, ge=2, description="longest input in tokens, [CLS] and [SEP] included")
+    max_length: int | None = Field(None, ge=2, description=f"longest input in tokens, [CLS] and [SEP] included (none: a rotary model's trained length, ModernBERT's max_position_embeddings, else {DEFAULT_MAX_LENGTH})")
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
@@ -35,7 +36,7 @@ class Settings(BaseSettings):
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
     pooling: Literal["mean", "cls", "lasttoken", "opening"] | None = Field(None, description=f"token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean); none: the model's own pooling where it is cls or lasttoken, else {DEFAULT_POOLING}")
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
-    opening_tokens: int = Field(Pooling.opening_tokens, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens")
+    opening_tokens: int | None = Field(None, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens (none: the length the model was trained at, its sentence_bert_config.json max_seq_length: 256 for all-MiniLM-L6-v2)")
 
     chunk_context: ChunkContext = Field(DEFAULT_CHUNK_CONTEXT, description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured on the bundled man pages, and the cheapest) or late (each chunk the mean of its tokens from one pass over the document)")
     # Where to listen.
@@ -72,6 +73,19 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> "Settings":
+        """variant and max_length left unset: the model's (ModelFolder.default_variant and
+        default_max_length; the bundled model's without --model), read from its folder."""
+        if self.variant is not None and self.max_length is not None:
+            return self
+        folder = read_model_folder(self.model) if self.model is not None else None
+        if self.variant is None:
+            self.variant = folder.default_variant if folder else DEFAULT_VARIANT
+        if self.max_length is None:
+            self.max_length = folder.default_max_length if folder else DEFAULT_MAX_LENGTH
+        return self
 
     @field_validator("api_key")
     @classmethod

@@ -102,6 +102,15 @@ class Attention(nn.Module):
     # Export precisions (service.contract.export_format.PRECISIONS) the variant cannot take,
     # each with the reason `attnserve variants` and the refusal give.
     precisions_refused: ClassVar[dict[str, str]] = {}
+    # True when a query reaches keys no farther than a fixed distance away (a window, blocks),
+    # besides designated global tokens (and BigBird's random blocks): a deployment may take
+    # rotary positions past a model's trained length only where every layer is such a
+    # variant (models.api.model_config).
+    bounded_span: ClassVar[bool] = False
+    # Why the variant cannot carry rotary positions (RoPE: queries and keys rotated by their
+    # token's position, so that each query-key product depends on the two positions' distance);
+    # empty where it can: it scores each query against the keys of single tokens.
+    rotary_refused: ClassVar[str] = ""
     # Adam's learning rate for `attnserve adapt` (src/attnserve/train/adapt.py); 0 for variants with no
     # parameters of their own.
     adapt_lr: ClassVar[float] = 0.0

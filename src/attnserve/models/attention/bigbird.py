@@ -45,6 +45,7 @@ class BigBirdConfig(AttentionConfig):
 
 class BigBirdAttention(Attention):
     config_class = BigBirdConfig
+    bounded_span = True
     cost = "O(N * block * (window_blocks + 2 + random_blocks))"
     is_mask = True
 

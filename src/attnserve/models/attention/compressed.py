@@ -43,6 +43,7 @@ class CompressedConfig(AttentionConfig):
 
 class MemoryCompressedAttention(Attention):
     config_class = CompressedConfig
+    rotary_refused = "it convolves the keys of neighbouring positions into one, so no score sees a key's own position"
     cost = "O(N^2 / stride)"
     adapt_lr = 0.01
 

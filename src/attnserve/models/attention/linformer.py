@@ -86,6 +86,7 @@ def project(logits, columns, x, key_valid):
 
 class LinformerAttention(Attention):
     config_class = LinformerConfig
+    rotary_refused = "it projects the keys of all positions onto k rows, so no score sees a key's own position"
     cost = "O(N * k)"
     adapt_lr = 0.05
 

@@ -29,6 +29,7 @@ class LocalConfig(AttentionConfig):
 
 class SlidingWindowAttention(Attention):
     config_class = LocalConfig
+    bounded_span = True
     cost = "O(N * window)"
     is_mask = True
 

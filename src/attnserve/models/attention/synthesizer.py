@@ -74,6 +74,7 @@ def local_kernel_factors(length: int, rank: int, width: int, sharpness: float) -
 
 class SynthesizerAttention(Attention):
     config_class = SynthesizerConfig
+    rotary_refused = "its scores are synthesised without query-key products, so rotations never reach them"
     cost = "O(N^2 * rank)"
     adapt_lr = 0.01
     position_tables = ("left", "right")  # R1, R2 (random) and W2 (dense): a row per position

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from attnserve.models.families.base import Family
 from attnserve.models.families.bert import FAMILY as BERT
+from attnserve.models.families.modernbert import FAMILY as MODERNBERT
 
-FAMILIES: tuple[Family, ...] = (BERT,)
+FAMILIES: tuple[Family, ...] = (BERT, MODERNBERT)
 
 
 def family_of(architecture: str) -> Family:

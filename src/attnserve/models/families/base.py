@@ -9,9 +9,9 @@ A family is one module of this package (bert.py: BERT and XLM-RoBERTa) whose `FA
                      num_layers, num_heads, pooling and normalize
     embeddings       (shape, config) -> module: (input_ids, attention_mask=None) -> (B, N, hidden),
                      token vectors with whatever positions the family adds at its input
-    layer            (shape, attention, config) -> module: (x, key_valid, need_weights) ->
-                     (x, weights), one transformer layer around `attention` (a variant's
-                     module, built by the registry for that layer); it also answers
+    layer            (shape, attention, config, index) -> module: (x, key_valid, need_weights)
+                     -> (x, weights), layer `index` around `attention` (a variant's module,
+                     built by the registry for that layer); it also answers
                      `self_attention(x, key_valid)` and `along_paths(x, key_valid, paths)`
                      (the rank-collapse paths through its weights)
     final_norm       (shape) -> module applied to the last layer's output (nn.Identity where the

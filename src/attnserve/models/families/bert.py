@@ -85,7 +85,7 @@ class Embeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, shape: BertShape, attention: nn.Module, config: AttentionConfig):
+    def __init__(self, shape: BertShape, attention: nn.Module, config: AttentionConfig, index: int):
         super().__init__()
         h = shape.hidden_size
         self.num_heads = shape.num_heads

@@ -41,6 +41,7 @@ async def info(service: ServiceState = Depends(get_service)) -> InfoResponse:
         parameters=manifest.get("parameters", manifest.get("params", s.params)) or {},
         pooling=_pooling_info(service.pooling),
         max_length=service.max_length,
+        past_trained_length=service.max_length > ((service.model or {}).get("max_positions") or 512),
         hidden_size=service.hidden_size,
         num_layers=service.num_layers,
         num_heads=service.num_heads,
