@@ -483,8 +483,10 @@ def test_serve_help_shows_every_default_and_env_variable():
         flag = "--param" if name == "params" else "--" + name.replace("_", "-")
         assert f"env ATTNSERVE_{name.upper()})" in lines[flag] and "(default: " in lines[flag], lines[flag]
     for flag, default in (("--variant", "longformer"), ("--host", "127.0.0.1"), ("--port", "8080"), ("--max-length", "16384"),
-                          ("--models-dir", "~/.cache/attnserve")):
+                          ("--models-dir", "~/.cache/attnserve"), ("--pooling", "opening")):
         assert f"(default: {default};" in lines[flag]
+    # What a model decides is named as it comes to be.
+    assert "ModernBERT: native" in lines["--variant"] and "max_seq_length" in lines["--opening-tokens"]
 
 
 def test_serve_refuses_a_busy_port_with_a_hint(tmp_path):

@@ -90,7 +90,7 @@ def test_every_variant_runs_over_an_xlm_roberta_folder(folders, variant):
 def test_schedules_repeat_over_the_models_layers(folders):
     encoder = load_encoder("local,full", 512, model=folders["bert-mean"])
     assert [layer.attention.config.variant for layer in encoder.layers] == ["local", "full"]
-    with pytest.raises(ValueError, match=r"schedule linformer\*5,longformer does not fit the model's 2 layers"):
+    with pytest.raises(ValueError, match=r"schedule 'linformer\*5,longformer' covers 6 layers, which does not divide the model's 2"):
         load_encoder("linformer*5,longformer", 512, model=folders["bert-mean"])
 
 
@@ -147,7 +147,9 @@ def test_info_and_embeddings_name_the_model(folders, xlmr_export):
     sha = read_model_folder(folders["xlmr-cls"]).sha256
     with TestClient(create_app(Settings(export_dir=xlmr_export, intra_op_threads=1))) as client:
         info = client.get("/info").json()
-        assert info["model"] == {"name": "xlmr-cls", "sha256": sha, "pooling": "cls", "normalize": True}
+        assert info["model"] == {"name": "xlmr-cls", "sha256": sha, "pooling": "cls", "normalize": True,
+                                 "architecture": "xlm-roberta", "max_positions": 512, "max_seq_length": 128}
+        assert info["past_trained_length"] is True  # 1,024 tokens over a 512-row table
         assert info["model_name"] == "attnserve-longformer-xlmr-cls" and info["pooling"]["mode"] == "cls"
         answer = client.post("/v1/embeddings", json={"input": TEXTS[:2], "model": info["model_name"]}).json()
         assert answer["model"] == "attnserve-longformer-xlmr-cls"

@@ -1,5 +1,7 @@
 """`attnserve bench encoder`: PyTorch encoder latency and peak memory per variant, the attention
 op alone and the whole encoder, beside transformers' Longformer and BigBird of the same size.
+With --model DIR: that folder's deployments in ONNX Runtime against transformers' own class of
+it (attnserve.bench.model_speed).
 
 A benchmark, not a test: numbers depend on the machine and on what else runs on it.
 """
@@ -10,6 +12,7 @@ from pathlib import Path
 import torch
 
 from attnserve.models.registry import make_config, variant_names
+from attnserve.bench import model_speed
 from attnserve.bench.timing import interleaved_medians
 
 HEADS, HEAD_DIM = 12, 32
@@ -22,7 +25,10 @@ def configure_bench_encoder(parser):
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per encoder cell (the median is reported)")
     parser.add_argument("--op-repeats", type=int, default=10, help="timed runs per attention-op cell: one op takes tens of ms, and a median of 3 of those varied by 20%% between runs")
     parser.add_argument("--hf-length", type=int, default=4096, help="length for the transformers comparison (0 to skip)")
-    parser.add_argument("--out", default="reports/bench-encoder", help="folder for the CSV and plot")
+    parser.add_argument("--out", default="reports/bench-encoder", help="folder for the CSV and plot (with --model: results.json)")
+    parser.add_argument("--model", metavar="DIR", help="a model folder (BERT, XLM-RoBERTa, ModernBERT): time its deployments "
+                        "in ONNX Runtime against transformers' class of it instead of the variant tables")
+    model_speed.configure(parser)
 
 
 def _op_call(name, n):
@@ -73,6 +79,8 @@ def _timed(calls: dict, repeats: int) -> dict:
 
 
 def bench_encoder(args) -> int:
+    if args.model:
+        return model_speed.bench_model(args)
     from attnserve.models import load_encoder
     from attnserve.bench.memory import measure
 

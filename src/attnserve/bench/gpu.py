@@ -179,7 +179,7 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     from torch import nn
 
     from attnserve.models.encoder import LongContextEncoder
-    from attnserve.models.families.bert import FAMILY, BertShape
+    from attnserve.models.families.bert import FAMILY, MINILM
     from attnserve.models.registry import length_multiple, make_config
 
     class SeededEncoder(LongContextEncoder):
@@ -195,7 +195,7 @@ def seeded_encoder(variant: str, max_length: int, seed: int):
     multiple = length_multiple(config)
     capacity = -(-max_length // multiple) * multiple  # the graph runs on inputs padded to the multiple
     torch.manual_seed(seed)
-    encoder = SeededEncoder(FAMILY, BertShape(), config, capacity)
+    encoder = SeededEncoder(FAMILY, MINILM, config, capacity)
     own = {id(p) for layer in encoder.layers for p in layer.attention.parameters()}
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -433,6 +433,7 @@ def configure_bench_load(parser) -> None:
 
 
 def bench_load(args) -> int:
+    import httpx  # noqa: F401 - the bench extra's client: missing, it is said before any export starts
     from tqdm import tqdm
 
     from attnserve.service.tokenizer import TextTokenizer

@@ -69,30 +69,49 @@ class ModelError(ValueError):
     """A folder that is not a model attnserve can serve; the message names the file and what is supported."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelFolder:
-    """What attnserve takes from a model folder. max_positions: the positions the model was
-    trained with: the rows of a learned position table tokens use (XLM-R's table starts
-    position_offset rows in: padding_idx + 1), or ModernBERT's max_position_embeddings (RoPE,
-    no table). layer_attention: each layer's own attention (full, or local within
-    local_window tokens: |i - j| <= local_window / 2). details: the family's other settings
-    from config.json, as (name, value) pairs (ModernBERT's norms, biases and RoPE thetas)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The sizes every model family's modules are built from (attnserve.models.families: each
+    family's shape adds its own, with defaults). max_positions: the positions the model was
+    trained with; pooling (mean, cls or lasttoken) and normalize: the folder's
+    sentence-transformers modules."""
 
-    dir: Path
-    name: str
-    sha256: str  # of model.safetensors
-    architecture: str  # bert | xlm-roberta | modernbert
     vocab_size: int
     hidden_size: int
     num_layers: int
     num_heads: int
     intermediate_size: int
     max_positions: int
+    pooling: str = "mean"
+    normalize: bool = False
+
+    @classmethod
+    def of(cls, folder):
+        """This shape of a model folder (a ModelFolder): each field from the folder's attribute
+        of that name, or from its family details."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        facts = {name: value for name, value in folder.details if name in own}
+        facts.update({name: getattr(folder, name) for name in own if hasattr(folder, name)})
+        return cls(**facts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelFolder(ModelShape):
+    """What attnserve takes from a model folder: its shape, and more. max_positions: the
+    positions the model was trained with: the rows of a learned position table tokens use
+    (XLM-R's table starts position_offset rows in: padding_idx + 1), or ModernBERT's
+    max_position_embeddings (RoPE, no table). layer_attention: each layer's own attention (full,
+    or local within local_window tokens: |i - j| <= local_window / 2). details: the family's
+    other settings from config.json, as (name, value) pairs (ModernBERT's norms, biases and RoPE
+    thetas)."""
+
+    dir: Path
+    name: str
+    sha256: str  # of model.safetensors
+    architecture: str  # bert | xlm-roberta | modernbert
     position_offset: int = 0
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    pooling: str = "mean"
-    normalize: bool = False
     max_seq_length: int | None = None
     layer_attention: tuple[str, ...] = ()
     local_window: int = 0

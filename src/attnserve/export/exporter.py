@@ -101,7 +101,9 @@ def cached_export(root, recipe: Recipe, *, verify: bool = True, log=print) -> Pa
                 try:
                     os.replace(scratch, target)  # replaces a missing or empty folder only
                 except OSError as exc:
-                    raise ExportFailed(f"{target}: not an export and not empty ({exc.strerror}); move it out of {root}") from exc
+                    # `attnserve serve --models-dir root`, which takes no lock, may have finished the same export first.
+                    if not (target / MANIFEST_FILE).is_file():
+                        raise ExportFailed(f"{target}: not an export and not empty ({exc.strerror}); move it out of {root}") from exc
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
     os.utime(target)  # when it was last used, for whoever prunes the cache

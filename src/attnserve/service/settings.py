@@ -26,17 +26,17 @@ class Settings(BaseSettings):
 
     # What to serve.
     model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2)")
-    variant: str | None = Field(None, description=f"attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`; none: native for a model with an attention pattern of its own, ModernBERT, else {DEFAULT_VARIANT})")
+    variant: str | None = Field(None, description=f"attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`)", json_schema_extra={"shown_default": f"{DEFAULT_VARIANT}; a model with an attention pattern of its own, ModernBERT: native"})
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
-    max_length: int | None = Field(None, ge=2, description=f"longest input in tokens, [CLS] and [SEP] included (none: a rotary model's trained length, ModernBERT's max_position_embeddings, else {DEFAULT_MAX_LENGTH})")
+    max_length: int | None = Field(None, ge=2, description="longest input in tokens, [CLS] and [SEP] included", json_schema_extra={"shown_default": f"{DEFAULT_MAX_LENGTH}; a rotary model, ModernBERT: its trained length, max_position_embeddings"})
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
     precision: Literal[PRECISIONS] = Field(DEFAULT_PRECISION, description="of the export's weight matrix products: float32 (as trained), int8 (dynamic quantization: for CPUs) or float16 (for GPUs); exported so on first start (`attnserve variants` lists the variants that cannot take one)")
     model_name: str | None = Field(None, description="model name reported by /v1/embeddings and /info (none: attnserve-<variant served>)")
-    pooling: Literal["mean", "cls", "lasttoken", "opening"] | None = Field(None, description=f"token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean); none: the model's own pooling where it is cls or lasttoken, else {DEFAULT_POOLING}")
+    pooling: Literal["mean", "cls", "lasttoken", "opening"] | None = Field(None, description=f"token vectors -> one vector for /embed and /v1/embeddings: mean of all tokens, the [CLS] token, the last token, or opening (the first opening_tokens tokens' mean mixed with the whole mean; texts of at most opening_tokens tokens get the mean)", json_schema_extra={"shown_default": f"{DEFAULT_POOLING}; the model's own where it is cls or lasttoken"})
     opening_weight: float = Field(Pooling.opening_weight, ge=0.0, le=1.0, description="pooling=opening: weight of the opening's mean (1 - it: the whole mean's)")
-    opening_tokens: int | None = Field(None, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens (none: the length the model was trained at, its sentence_bert_config.json max_seq_length: 256 for all-MiniLM-L6-v2)")
+    opening_tokens: int | None = Field(None, ge=1, description="pooling=opening: document tokens in the opening ([CLS] joins them), counted as /embed_chunks counts chunk_tokens", json_schema_extra={"shown_default": "the length the model was trained at, its sentence_bert_config.json max_seq_length (256 for all-MiniLM-L6-v2)"})
 
     chunk_context: ChunkContext = Field(DEFAULT_CHUNK_CONTEXT, description="/embed_chunks' context when a request names none: none (each chunk embedded alone: the best measured on the bundled man pages, and the cheapest) or late (each chunk the mean of its tokens from one pass over the document)")
     # Where to listen.
@@ -132,6 +132,9 @@ def _flag(name: str) -> str:
 
 
 def _shown_default(field) -> str:
+    """The default a flag's help gives: a setting the model decides names what it comes to."""
+    if isinstance(field.json_schema_extra, dict) and "shown_default" in field.json_schema_extra:
+        return field.json_schema_extra["shown_default"]
     value = field.get_default(call_default_factory=True)
     if value is None or value == [] or value == {}:
         return "none"

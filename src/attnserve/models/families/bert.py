@@ -20,32 +20,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnserve.models.attention.base import DEFAULT_POSITION_PERIOD, AttentionConfig
+from attnserve.contract.model_folder import ModelShape
 from attnserve.models.families.base import Family
 from attnserve.models.positions import POSITIONS, document_lengths, look_up, query_scale
 
 
-@dataclasses.dataclass(frozen=True)
-class BertShape:
-    """What the modules are built from; the defaults are all-MiniLM-L6-v2's. A model folder's
-    come from its config.json and modules.json (`BertShape.of(folder)`). max_positions: the rows
-    of the position table tokens read (XLM-RoBERTa's table less its offset rows); pooling:
-    mean, cls or lasttoken; normalize: L2-normalise the pooled vector."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BertShape(ModelShape):
+    """ModelShape and BERT's own: max_positions are the rows of the position table tokens read
+    (XLM-RoBERTa's table less its offset rows)."""
 
-    vocab_size: int = 30522
-    hidden_size: int = 384
-    num_layers: int = 6
-    num_heads: int = 12
-    intermediate_size: int = 1536
-    max_positions: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    pooling: str = "mean"
-    normalize: bool = True
 
-    @classmethod
-    def of(cls, folder) -> "BertShape":
-        """The shape of a model folder (attnserve.contract.model_folder.ModelFolder)."""
-        return cls(**{f.name: getattr(folder, f.name) for f in dataclasses.fields(cls)})
+
+# The bundled all-MiniLM-L6-v2's shape.
+MINILM = BertShape(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536, max_positions=512,
+                   normalize=True)
 
 
 class Embeddings(nn.Module):

@@ -25,21 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnserve.models.attention.base import DEFAULT_POSITION_PERIOD, AttentionConfig
+from attnserve.contract.model_folder import ModelShape
 from attnserve.models.families.base import Family
 
 
-@dataclasses.dataclass(frozen=True)
-class ModernBertShape:
-    """What the modules are built from, from a folder's config.json (`ModernBertShape.of`).
-    max_positions: the length the model was trained at (max_position_embeddings);
-    layer_attention: full or local per layer (the layer's RoPE theta follows it)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModernBertShape(ModelShape):
+    """ModelShape and ModernBERT's own: max_positions is the length the model was trained at
+    (max_position_embeddings); layer_attention full or local per layer (the layer's RoPE theta
+    follows it); the norms' epsilon, where biases are, the two RoPE thetas."""
 
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_positions: int
     layer_attention: tuple[str, ...]
     norm_eps: float = 1e-5
     norm_bias: bool = False
@@ -47,16 +42,6 @@ class ModernBertShape:
     mlp_bias: bool = False
     global_rope_theta: float = 160000.0
     local_rope_theta: float = 10000.0
-    pooling: str = "mean"
-    normalize: bool = False
-
-    @classmethod
-    def of(cls, folder) -> "ModernBertShape":
-        """The shape of a ModernBERT model folder (attnserve.contract.model_folder.ModelFolder)."""
-        own = {f.name for f in dataclasses.fields(cls)}
-        facts = {name: getattr(folder, name) for name in own if hasattr(folder, name)}
-        facts.update({name: value for name, value in folder.details if name in own})
-        return cls(**facts)
 
 
 def check_positions(config: AttentionConfig) -> None:
