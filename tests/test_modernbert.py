@@ -125,7 +125,7 @@ def test_a_schedule_replaces_the_global_layers_past_the_trained_length(folder):
     long = Recipe.resolve("longformer,native,native", max_length=4096, model=folder)
     assert layer_variants(long.config, 4) == ["longformer", "local", "local", "longformer"]
     assert long.config.configs["local"].window == WINDOW
-    with pytest.raises(ValueError, match=r"max_length 4096 is past the 2048 positions .* trained at.*full does not.*--variant longformer,native\*2"):
+    with pytest.raises(ValueError, match=r"max_length 4096 is past the 2048 positions .* trained at.*full does not.*--variant longformer,native\*2\)"):
         Recipe.resolve(max_length=4096, model=folder)
     with pytest.raises(ValueError, match="positions are rotary"):
         Recipe.resolve(params={"positions": "grouped"}, model=folder).encoder()
@@ -165,3 +165,16 @@ def test_a_broken_folder_is_exit_2_naming_the_tensor_and_nothing_is_written(fold
     said = capsys.readouterr().err
     assert "model.safetensors" in said and name in said
     assert not out.exists()
+
+
+def test_every_variant_that_carries_rotary_positions_runs_on_it(folder):
+    """In every layer, each variant not refused runs the model (finite unit vectors); linformer,
+    compressed and the synthesizer are refused."""
+    from attnserve.models import load_encoder
+    from attnserve.models.registry import VARIANTS
+
+    carried = [name for name, cls in VARIANTS.items() if not cls.rotary_refused]
+    assert sorted(set(VARIANTS) - set(carried)) == ["compressed", "linformer", "synthesizer"]
+    for name in carried:
+        vectors = load_encoder(name, 512, model=folder).embed(TEXTS[:2])
+        assert torch.isfinite(vectors).all() and torch.allclose(vectors.norm(dim=1), torch.ones(2), atol=1e-5), name

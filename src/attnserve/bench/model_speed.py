@@ -125,6 +125,7 @@ def bench_model(args) -> int:
     import torch
     from tqdm import tqdm
 
+    from attnserve.contract.schedule import resolve_native
     from attnserve.export.exporter import cached_export
     from attnserve.export.recipe import Recipe
     from attnserve.models.pretrained import load_model
@@ -138,6 +139,7 @@ def bench_model(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{folder.name} ({folder.architecture}, {folder.num_layers} layers, hidden {folder.hidden_size}, trained at "
           f"{folder.max_positions} positions), {threads} threads, batch 1, median of {args.repeats} rounds")
+    native = resolve_native("native", folder.native_layers())[0]
     exports = {}
     for variant, at in deployments:
         recipe = Recipe.resolve(variant, {}, max(at), model=folder, analysis=False)
@@ -170,14 +172,14 @@ def bench_model(args) -> int:
                    "min_s": min(samples[system]), "max_s": max(samples[system])}
             if system != TRANSFORMERS:
                 row["schedule"] = exports[system][0].variant
-                if TRANSFORMERS in vectors:
+                if TRANSFORMERS in vectors and row["schedule"] == native:  # the same model: the same vector
                     row["max_abs_diff_to_transformers"] = float(np.abs(vectors[system] - vectors[TRANSFORMERS]).max())
             rows.append(row)
     bar.close()
     for row in tqdm(rows, desc="peak memory", unit="run"):
         export_dir = None if row["system"] == TRANSFORMERS else exports[row["system"]][1]
         row["peak_extra_bytes"] = measure_peak(row["system"], folder, export_dir, threads, row["tokens"])
-    report = {"model": folder.describe(), "threads": threads, "repeats": args.repeats, "rows": rows,
+    report = {"model": folder.describe(), "cpu": _cpu(), "threads": threads, "repeats": args.repeats, "rows": rows,
               "versions": {name: _version(name) for name in ("torch", "transformers", "onnxruntime", "attnserve")}}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(table(rows)))
@@ -221,6 +223,19 @@ def _mib(value) -> str:
 
 
 def _version(name: str) -> str | None:
-    from attnserve.contract.export_format import package_version
+    """A module's own __version__ (onnxruntime's distribution is onnxruntime-gpu)."""
+    import importlib
 
-    return package_version(name)
+    try:
+        return importlib.import_module(name).__version__
+    except (ImportError, AttributeError):
+        return None
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or platform.machine()

@@ -65,6 +65,15 @@ def resolve_native(text: str, native_layers, local_window: int = 0, known=None) 
     return schedule_text(layers), params
 
 
+def repeating_text(layers) -> str:
+    """The shortest schedule text that, repeated from layer 0 and cut at the last layer (as a
+    schedule naming native is), gives `layers`: ModernBERT-base's 22 layers of global every 3rd
+    are full,local*2."""
+    layers = list(layers)
+    period = next(p for p in range(1, len(layers) + 1) if all(layers[i] == layers[i % p] for i in range(len(layers))))
+    return schedule_text(layers[:period])
+
+
 def schedule_text(layers) -> str:
     """The canonical text of per-layer names: the shortest unit that repeats to them, its
     consecutive runs written name*k (one name for a uniform schedule)."""

@@ -20,7 +20,7 @@ from attnserve.contract.export_format import (
 from attnserve.contract.model_folder import ModelFolder
 from attnserve.export.graphs import OPSET
 from attnserve.export.precision import check_precision
-from attnserve.models.api import Encoder, build_encoder, model_config
+from attnserve.models.api import Encoder, build_encoder, deployment_defaults, model_config
 from attnserve.models.pretrained import load_model
 from attnserve.models.registry import length_multiple, precision_refused
 
@@ -61,10 +61,7 @@ class Recipe:
         directory without its file (both ValueErrors)."""
         params = dict(params or {})
         folder = load_model(model)
-        variant = folder.default_variant if variant is None else variant
-        max_length = folder.default_max_length if max_length is None else max_length
-        if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
-            raise ValueError(f"max_length must be an integer >= 2 (got {max_length!r})")
+        variant, max_length = deployment_defaults(folder, variant, max_length)
         config = model_config(variant, max_length, folder, params)
         check_variant_precision(config, precision)
         digest = sha256(weights_file(weights)) if weights is not None else None

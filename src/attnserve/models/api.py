@@ -13,7 +13,7 @@ from attnserve.models.registry import VARIANTS, make_config, variant_class, vari
 from attnserve.models.sparse import to_sparse
 from attnserve.models.weights import load_weights
 from attnserve.contract.model_folder import wrapping_ids
-from attnserve.contract.schedule import resolve_native, schedule_text
+from attnserve.contract.schedule import repeating_text, resolve_native
 from attnserve.contract.pooling import (
     CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, Pooling, check_spans, naive_chunk_ids, opening_tokens_for, pool_chunks, pooling_for,
     span_chunks, token_chunks,
@@ -213,10 +213,17 @@ def load_encoder(variant: str | None = None, max_length: int | None = None, weig
     ValueError, names the file when they do not fit, or the model when they were trained on
     another). encoder.weights says which were applied (None: none)."""
     folder = load_model(model)
-    variant = folder.default_variant if variant is None else variant
-    max_length = folder.default_max_length if max_length is None else max_length
-    check_max_length(max_length)
+    variant, max_length = deployment_defaults(folder, variant, max_length)
     return build_encoder(model_config(variant, max_length, folder, params), max_length, model=folder, weights=weights)
+
+
+def deployment_defaults(model, variant: str | None, max_length: int | None) -> tuple[str, int]:
+    """(variant, max_length) with the model's defaults where None (ModelFolder.default_variant,
+    default_max_length); ValueError for a max_length that is not an integer >= 2."""
+    variant = model.default_variant if variant is None else variant
+    max_length = model.default_max_length if max_length is None else max_length
+    check_max_length(max_length)
+    return variant, max_length
 
 
 def check_rotary(model, config) -> None:
@@ -244,7 +251,7 @@ def model_config(variant: str, max_length: int, model, params: dict | None = Non
         unbounded = sorted({c.variant for c in config.per_layer(model.num_layers) if not variant_class(c.variant).bounded_span})
         if unbounded:
             bounded = ", ".join(name for name, cls in VARIANTS.items() if cls.bounded_span)
-            example = schedule_text(["longformer" if own == "full" else "native" for own in model.native_layers()])
+            example = repeating_text(["longformer" if own == "full" else "native" for own in model.native_layers()])
             raise ValueError(f"max_length {max_length} is past the {model.max_positions} positions {model.name} was trained "
                              f"at; rotary positions go past them only where every layer reaches a bounded span ({bounded}), "
                              f"and {', '.join(unbounded)} does not: serve at most {model.max_positions} tokens, or put "
