@@ -360,6 +360,8 @@ def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
     # One finished export where `serve` looks for it, no scratch directory left beside it.
     export = export_path(Settings(models_dir=models_dir, variant=FIRST_START_VARIANT, max_length=FIRST_START_MAX_LENGTH))
     assert [p.name for p in models_dir.iterdir()] == [export.name]
+    assert f"exported into {export}" in first.log()  # the folder it ends in, not its scratch name
+    assert "torchvision" not in first.log() and "FutureWarning" not in first.log()
     manifest = json.loads((export / "manifest.json").read_text())
     assert {"model.onnx", "analysis.onnx", "tokenizer.json"} <= set(manifest["files"])
     assert info["variant"] == FIRST_START_VARIANT and info["max_length"] == FIRST_START_MAX_LENGTH

@@ -119,7 +119,7 @@ def test_the_export_records_the_model(folders, xlmr_export):
     manifest = read_manifest(xlmr_export)
     assert manifest.model.name == "xlmr-cls" and manifest.model.sha256 == model.sha256
     assert (manifest.model.pooling, manifest.model.normalize) == ("cls", True)
-    assert manifest.recipe["model"] == {"name": "xlmr-cls", "sha256": model.sha256}
+    assert manifest.recipe["model"] == {"name": "xlmr-cls", "sha256": model.sha256, "files_sha256": model.files_sha256}
     assert manifest.verified and (manifest.hidden_size, manifest.num_layers, manifest.num_heads) == (HIDDEN, 2, 4)
     assert (xlmr_export / "tokenizer.json").read_bytes() == (folders["xlmr-cls"] / "tokenizer.json").read_bytes()
 
@@ -201,6 +201,16 @@ def broken(folder, tmp_path, change):
     return copy
 
 
+def first_rows(folder, rows: int) -> None:
+    """The folder's word embeddings cut to their first `rows` rows (its tokenizer keeps its own)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("word_embeddings.weight"))
+    tensors[name] = tensors[name][:rows].contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
 def edit_json(path, **changes):
     data = json.loads(path.read_text())
     data.update(changes)
@@ -219,6 +229,12 @@ REFUSALS = {
     "a Dense module": (lambda d: (d / "modules.json").write_text(json.dumps(
         [*json.loads((d / "modules.json").read_text()), {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}])),
         r"modules.json: module sentence_transformers.models.Dense is not supported"),
+    "a vocabulary past the embeddings": (lambda d: (edit_json(d / "config.json", vocab_size=1000), first_rows(d, 1000)),
+                                         r"tokenizer.json: gives token ids up to 30521, but \S+config.json has vocab_size 1000"),
+    "custom code": (lambda d: edit_json(d / "config.json", auto_map={"AutoModel": "modeling_custom.CustomBert"}),
+                    r"config.json: auto_map names the folder's own code \(AutoModel\)"),
+    "cut-short weights": (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-1000]),
+                          r"model.safetensors: not a readable safetensors file \(\d+ bytes where its header places tensors"),
 }
 
 
@@ -304,3 +320,42 @@ def test_adapt_trains_for_the_folder_given_and_its_weights_serve_it_only(folders
     # The teacher's length is the model's: a window past its positions is refused, naming them.
     assert main(["adapt", "variant", "--model", str(folders["xlmr-cls"]), "--variant", "linformer", "--max-length", "1024",
                  "--data", str(data), "--out", str(tmp_path / "no"), "--window", "600"]) == 2
+
+
+def test_an_edited_folder_gets_a_new_export_that_serves_the_change(folders, tmp_path):
+    """The recipe's model covers every file read from the folder: after its pooling and its
+    tokenizer change, the same weights make another export (not the cached one), and a server
+    of it pools and tokenizes as the folder now says; weights are still matched on the weights."""
+    from fastapi.testclient import TestClient
+
+    from attnserve.export.exporter import cached_export
+    from attnserve.export.recipe import Recipe
+    from attnserve.service.app import create_app
+    from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.settings import Settings
+
+    folder = shutil.copytree(folders["bert-mean"], tmp_path / "bert-mean")
+    cache = tmp_path / "cache"
+    before = cached_export(cache, Recipe.resolve("full", {}, 128, analysis=False, model=folder), log=lambda m: None)
+    edit_json(folder / "1_Pooling" / "config.json", pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False  # MiniLM's tokenizer lowercases: now "Hello" is another token
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    edit_json(folder / "tokenizer_config.json", do_lower_case=False)  # as transformers' loader reads it (sentence-transformers)
+    edited, original = read_model_folder(folder), read_model_folder(folders["bert-mean"])
+    assert edited.sha256 == original.sha256 and edited.files_sha256 != original.files_sha256 and edited.same_as(original.record)
+    after = cached_export(cache, Recipe.resolve("full", {}, 128, analysis=False, model=folder), log=lambda m: None)
+    assert after != before and sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted([before.name, after.name])
+    texts = ["Hello World", "a second text"]
+    with TestClient(create_app(Settings(model=folder, export_dir=after), runner=OnnxRunner(after, intra_op_threads=1),
+                               tokenizer_path=after / "tokenizer.json")) as client:
+        assert client.get("/info").json()["pooling"]["mode"] == "cls"
+        assert [t["text"] for t in client.post("/tokenize", json={"inputs": "Hello"}).json()[0]][1] != "hello"
+        served = np.array(client.post("/embed", json={"inputs": texts}).json())
+    assert np.abs(served - sentence_transformers_vectors(folder, texts).numpy()).max() <= 1e-4
+    # The export made before the edit is refused for the folder as it is now.
+    from attnserve.contract.export_format import ExportError
+    from attnserve.service.exports import check_export_fits
+
+    with pytest.raises(ExportError, match="export it again"):
+        check_export_fits(before, Settings(model=folder, export_dir=before))

@@ -22,6 +22,7 @@ ModelError (a ValueError) naming the file and what is supported.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import struct
@@ -124,10 +125,15 @@ class ModelFolder(ModelShape):
             raise KeyError(f"{self.architecture} folders have no {name}")
         return found[name]
 
+    files_sha256: str = ""  # of every other file attnserve reads from the folder (folder_files_sha256)
+
     @property
     def record(self) -> dict:
-        """The model's identity, as recipes, manifests and adapt.json record it."""
-        return {"name": self.name, "sha256": self.sha256}
+        """The model's identity, as recipes, manifests and adapt.json record it: its name, the
+        sha256 of its weights and of every other file read from the folder, so that an export
+        made before the folder's tokenizer or pooling was edited is not served for it (weights
+        trained for a model are matched on the weights alone: same_as)."""
+        return {"name": self.name, "sha256": self.sha256, "files_sha256": self.files_sha256}
 
     def describe(self) -> dict:
         """The identity and the facts a manifest records."""
@@ -213,6 +219,10 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
     config = _json(directory / CONFIG_FILE, f"attnserve serves {SUPPORTED}")
     if not isinstance(config, dict):
         raise ModelError(f"{directory / CONFIG_FILE}: must hold a JSON object; attnserve serves {SUPPORTED}")
+    if config.get("auto_map"):
+        raise ModelError(f"{directory / CONFIG_FILE}: auto_map names the folder's own code ({', '.join(map(str, config['auto_map']))}), "
+                         f"whose equations may differ from transformers' own classes, which are all attnserve runs (it never runs "
+                         f"a folder's code); remove auto_map only if the folder is the standard architecture")
     architecture = _architecture(directory / CONFIG_FILE, config)
     if architecture == "modernbert":
         shape = _modernbert_shape(directory / CONFIG_FILE, config)
@@ -220,11 +230,39 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
     else:
         shape = _shape(directory / CONFIG_FILE, config, architecture)
         _check_tensors(directory, shape)
-    pooling, normalize = _modules(directory)
+    pooling, normalize, pooling_file = _modules(directory)
     max_seq_length = _max_seq_length(directory)
+    _check_vocabulary(directory / TOKENIZER_FILE, shape["vocab_size"])
+    read = [CONFIG_FILE, TOKENIZER_FILE, MODULES_FILE, SENTENCE_CONFIG_FILE, *([pooling_file] if pooling_file else [])]
     return ModelFolder(dir=directory.resolve(), name=name or directory.resolve().name,
                        sha256=weights_sha256(directory / WEIGHTS_FILE), architecture=architecture, pooling=pooling,
-                       normalize=normalize, max_seq_length=max_seq_length, **shape)
+                       normalize=normalize, max_seq_length=max_seq_length, files_sha256=folder_files_sha256(directory, read),
+                       **shape)
+
+
+def folder_files_sha256(directory: Path, names) -> str:
+    """One sha256 over the files of `names` (relative paths) that are in the folder: each
+    name and its bytes, in order, a missing one named as missing."""
+    digest = hashlib.sha256()
+    for name in names:
+        path = directory / name
+        digest.update(f"{name}\0".encode())
+        digest.update(path.read_bytes() if path.is_file() else b"\0missing\0")
+    return digest.hexdigest()
+
+
+def _check_vocabulary(path: Path, vocab_size: int) -> None:
+    """Every id the tokenizer can give is a row of the word embeddings: its vocabulary and its
+    added tokens below config.json's vocab_size (ModelError naming both files otherwise)."""
+    tokenizer = _json(path, "write the file the tokenizers library saves")
+    model = (tokenizer or {}).get("model") or {} if isinstance(tokenizer, dict) else {}
+    vocab = model.get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab))) if isinstance(vocab, list) else []
+    ids += [t.get("id") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)] if isinstance(tokenizer, dict) else []
+    ids = [i for i in ids if isinstance(i, int)]
+    if ids and max(ids) >= vocab_size:
+        raise ModelError(f"{path}: gives token ids up to {max(ids)}, but {path.parent / CONFIG_FILE} has vocab_size {vocab_size} "
+                         f"word embeddings; the tokenizer and the weights must be of one model")
 
 
 def _architecture(path: Path, config: dict) -> str:
@@ -277,7 +315,12 @@ def tensor_shapes(path: Path) -> dict[str, list[int]]:
             if length > 100_000_000:
                 raise ValueError(f"header of {length} bytes")
             header = json.loads(f.read(length))
-        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
+        end = 8 + length + max((int(entry["data_offsets"][1]) for entry in entries.values()), default=0)
+        size = path.stat().st_size
+        if size < end:
+            raise ValueError(f"{size} bytes where its header places tensors up to byte {end}: the file is cut short")
+        return {name: list(entry["shape"]) for name, entry in entries.items()}
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         raise ModelError(f"{path}: not a readable safetensors file ({exc}); {SUPPORTED}") from exc
 
@@ -404,12 +447,13 @@ def _check_modernbert_tensors(directory: Path, shape: dict) -> None:
                              f"config.json must be of one model")
 
 
-def _modules(directory: Path) -> tuple[str, bool]:
-    """(pooling, normalize) from modules.json and the Pooling module's config; without
-    modules.json what sentence-transformers builds for a plain transformers folder: mean, no Normalize."""
+def _modules(directory: Path) -> tuple[str, bool, str | None]:
+    """(pooling, normalize, the Pooling config's path in the folder) from modules.json and the
+    Pooling module's config; without modules.json what sentence-transformers builds for a plain
+    transformers folder: mean, no Normalize."""
     path = directory / MODULES_FILE
     if not path.is_file():
-        return "mean", False
+        return "mean", False, None
     modules = _json(path, "write the modules list sentence-transformers saves")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ModelError(f"{path}: must hold a list of modules ({{'path', 'type'}} each), as sentence-transformers saves it")
@@ -418,11 +462,12 @@ def _modules(directory: Path) -> tuple[str, bool]:
     if unknown:
         raise ModelError(f"{path}: module {unknown[0]} is not supported; attnserve runs sentence-transformers' "
                          f"{', '.join(MODULE_TYPES)} modules ({SUPPORTED})")
-    pooling = "mean"
+    pooling, pooling_file = "mean", None
     for module, kind in zip(modules, types):
         if kind == "Pooling":
-            pooling = _pooling(directory / str(module.get("path") or "") / CONFIG_FILE)
-    return pooling, "Normalize" in types
+            pooling_file = str(Path(str(module.get("path") or "")) / CONFIG_FILE)
+            pooling = _pooling(directory / pooling_file)
+    return pooling, "Normalize" in types, pooling_file
 
 
 def _module_type(name: str) -> str | None:

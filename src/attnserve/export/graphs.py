@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -220,6 +222,21 @@ def onnx_friendly_attention():
         F.scaled_dot_product_attention = original
 
 
+@contextlib.contextmanager
+def quiet_converter():
+    """torch.onnx's notes that say nothing about this export: that torchvision's operators are
+    not registered (attnserve uses none) and torch's own FutureWarning about its tree specs."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*treespec.*")
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def export_graph(module: nn.Module, path: Path, output_names: list[str], multiple: int, capacity: int,
                   max_batch: int, opset: int, optimize: bool, log) -> None:
     """torch.export (raises on narrowed dims) -> ONNX -> onnx.checker -> symbolic-axes check."""
@@ -241,10 +258,11 @@ def export_graph(module: nn.Module, path: Path, output_names: list[str], multipl
     log(f"  torch.export {path.name}: {time.perf_counter() - t0:.1f}s")
     t0 = time.perf_counter()
     try:
-        onnx_program = torch.onnx.export(
-            program, args, dynamo=True, opset_version=opset, input_names=list(INPUT_NAMES),
-            output_names=output_names, optimize=optimize, verbose=False,
-        )
+        with quiet_converter():
+            onnx_program = torch.onnx.export(
+                program, args, dynamo=True, opset_version=opset, input_names=list(INPUT_NAMES),
+                output_names=output_names, optimize=optimize, verbose=False,
+            )
         onnx_program.save(str(path), external_data=True)
     except Exception as exc:
         raise ExportFailed(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc)[:800]}") from exc

@@ -124,6 +124,11 @@ def check_export_fits(target: Path, settings: Settings) -> None:
             raise ExportError(f"{target / 'manifest.json'}: exported from the model {made_of}, not {describe_record(wanted)} "
                               f"({settings.model}); export that model there with `attnserve export --model {settings.model}` "
                               f"or leave out export_dir")
+        if getattr(made, "files_sha256", None) != wanted["files_sha256"]:
+            raise ExportError(f"{target / 'manifest.json'}: exported from {settings.model} as its config.json, tokenizer.json, "
+                              f"modules.json, pooling or sentence_bert_config.json were then (files sha256 "
+                              f"{str(getattr(made, 'files_sha256', None))[:12]}, now {wanted['files_sha256'][:12]}); export it "
+                              f"again with `attnserve export --model {settings.model}`, or leave out export_dir")
     precision = read_manifest(target).precision if "precision" in settings.model_fields_set else settings.precision
     if precision != settings.precision:
         raise ExportError(f"{target / 'manifest.json'}: exported in {precision}, not {settings.precision}; export it in "
@@ -195,6 +200,7 @@ def ensure_export(settings: Settings) -> Path:
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+    log.info("exported into %s (%s)", target, read_manifest(target).describe())
     return target
 
 
@@ -250,7 +256,7 @@ def why_not_cached(settings: Settings, recipe: dict | None) -> str:
         return ""
     path, old = cached[0]
     differ = [key for key in recipe if old.get(key) != recipe[key]]
-    reasons = {"model": "another model", "code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
+    reasons = {"model": "another model, or its folder's files changed", "code_sha256": "attnserve's code changed", "attnserve": "attnserve was upgraded",
                "versions": "torch, onnx or onnxscript changed", "parameters": "other parameters", "weights_sha256": "other weights",
                "precision": "another precision"}
     return (f"; {path} does not fit: it differs in " + ", ".join(f"{key} ({reasons[key]})" if key in reasons else key for key in differ))
@@ -274,7 +280,8 @@ def cached_export_without_torch(settings: Settings, cause: ImportError) -> Path:
         recipe = manifest.recipe
         parameters = recipe.get("parameters") or {}
         made = recipe.get("model") or {"name": DEFAULT_MODEL_NAME}
-        same_model = made.get("sha256") == model["sha256"] if model else made.get("name") == DEFAULT_MODEL_NAME
+        same_model = ({k: made.get(k) for k in ("sha256", "files_sha256")} == {k: model[k] for k in ("sha256", "files_sha256")}
+                      if model else made.get("name") == DEFAULT_MODEL_NAME)
         if (same_model and recipe.get("weights_sha256") == weights and recipe.get("code_sha256") == code
                 and all(recorded(parameters, key, manifest.variant) == {str(value)} for key, value in settings.params.items())):
             log.info("torch is not installed, so the export is chosen by its manifest: serving %s (%s)", path, manifest.describe())
