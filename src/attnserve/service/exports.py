@@ -200,7 +200,7 @@ def ensure_export(settings: Settings) -> Path:
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    log.info("exported into %s (%s)", target, read_manifest(target).describe())
+    log.warning("exported into %s; later starts serve it from there", target)  # the first warning's pair
     return target
 
 
