@@ -251,3 +251,63 @@ def test_compose_services_list_each_other_as_explorer_peers():
     for name, service in services.items():
         peers = Settings(explorer_peers=service["environment"]["ATTNSERVE_EXPLORER_PEERS"]).explorer_peers
         assert set(peers) == urls, name
+
+
+class QuadraticRunner:
+    """A FakeRunner whose maps cost like full attention's: n x n weights, 400 bytes each while
+    computed for the mean over heads, 20 for one head."""
+
+    def __new__(cls, **kwargs):
+        from http_fakes import FakeRunner
+
+        from attnserve.service.attention_maps import MapCost
+
+        runner = FakeRunner(**kwargs)
+        runner.attention_cost = lambda n, head=None: MapCost(entries=n * n, work_bytes=n * n * (400 if head is None else 20))
+        return runner
+
+
+def quadratic_client(**settings):
+    from fastapi.testclient import TestClient
+    from http_fakes import tokenizer_json
+
+    from attnserve.service.app import create_app
+
+    return TestClient(create_app(Settings(max_length=256, **settings), runner=QuadraticRunner(max_length=256), tokenizer_path=tokenizer_json()))
+
+
+LONG_TEXT = " ".join(f"word{i % 50}" for i in range(100))
+
+
+def test_truncate_cuts_a_map_to_the_length_that_fits():
+    """truncate=true answers a map that would pass the memory budget, cut to the longest text
+    that fits (1 MiB: 51 tokens at 400 bytes a weight, 44 with a sparse answer's 130 more, 50
+    with 3 a row); without it the 413 says so."""
+    with quadratic_client(max_request_memory_mb=1) as client:
+        whole = len(client.post("/tokenize", json={"inputs": LONG_TEXT}).json()[0])
+        assert whole > 60
+        refused = client.post("/attention", json={"inputs": LONG_TEXT, "layer": 0, "format": "grid"})
+        assert refused.status_code == 413 and "truncate=true (cuts the text to the 51 tokens that fit)" in refused.json()["error"]
+        assert "one head" in refused.json()["error"]  # the mean costs 20x one head here: head 0 fits
+        for body, fitting in (({"format": "grid"}, 51), ({"format": "png"}, None), ({"format": "sparse"}, 44),
+                              ({"format": "sparse", "top_k": 3}, 50), ({"format": "grid", "head": 0}, whole)):
+            r = client.post("/attention", json={"inputs": LONG_TEXT, "layer": 0, "truncate": True, **body})
+            assert r.status_code == 200, (body, r.text)
+            if fitting:
+                assert r.json()["n_tokens"] == fitting and r.json()["tokens"][-1] == "[SEP]", body
+
+
+def test_a_413_never_asks_for_what_the_client_sent():
+    """Each 413 of /attention names a field that makes the request fit, and never one the
+    request already holds (top_k or head given)."""
+    with quadratic_client(max_request_memory_mb=1, max_attention_entries=2_000) as client:
+        n = len(client.post("/tokenize", json={"inputs": LONG_TEXT}).json()[0])
+        for sent, absent in (({"top_k": 5}, "top_k"), ({"head": 2}, "one head"), ({"head": 0, "top_k": 100}, "top_k")):
+            r = client.post("/attention", json={"inputs": LONG_TEXT, "layer": 0, **sent})
+            assert r.status_code == 413, (sent, r.text)
+            error = r.json()["error"]
+            assert absent not in error.split("; send ")[1] and "truncate=true" in error, (sent, error)
+    # Every weight of one head's map passes the answer limit; top_k makes it fit.
+    with quadratic_client(max_request_memory_mb=2, max_attention_entries=2_000) as client:
+        r = client.post("/attention", json={"inputs": LONG_TEXT, "layer": 0, "head": 0})
+        assert r.status_code == 413 and f"top_k <= {2_000 // n}" in r.json()["error"]

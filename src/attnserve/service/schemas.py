@@ -353,7 +353,7 @@ class AttentionRequest(_Strict):
     format: Literal["sparse", "grid", "png"] = "sparse"
     max_cells: Int = Field(64, ge=1, le=2048, description="grid and png: at most this many cells per side")
     top_k: PositiveInt | None = Field(None, description="sparse: keep the k largest weights of each query (within key_range)")
-    truncate: bool = Field(False, description="cut a text longer than the maps' limit (/info attention_max_length) to it instead of answering 413")
+    truncate: bool = Field(False, description="cut a text longer than the maps' limit (/info attention_max_length), or whose map would pass the server's memory or answer limits, to the longest that fits instead of answering 413")
     query_range: TokenRange | None = Field(None, description="only the queries start .. stop - 1 (token indices, [CLS] is 0; stop at most n_tokens); null: all")
     key_range: TokenRange | None = Field(None, description="only the keys start .. stop - 1; null: all")
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from attnserve.contract.model_folder import DEFAULT_MODEL_NAME
+from attnserve.contract.pooling import CHUNK_CONTEXTS, Pooling
 from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
 from attnserve.service.backend import Runner
 from attnserve.service.batching import Timings, TokenBudgetBatcher
 from attnserve.service.errors import ServiceError
 from attnserve.service.metrics import ServiceMetrics
-from attnserve.contract.model_folder import DEFAULT_MODEL_NAME
-from attnserve.contract.pooling import CHUNK_CONTEXTS, Pooling
 from attnserve.service.settings import Settings
 from attnserve.service.tokenizer import InputTooLong, TextTokenizer, Tokenized
 
@@ -175,11 +176,72 @@ async def _run(work, param: str | None):
         raise exc.at(param) from None
 
 
-async def check_attention_budget(service: ServiceState, n: int, head: int | None, sparse_entries_per_row: int | None) -> None:
-    """413 before any work for a map whose answer or memory would pass the server's limits:
-    `sparse_entries_per_row` is top_k for a sparse answer (0: every weight), None for a grid
-    or PNG. Both checks use upper bounds from the export's shapes (MapCost), so a map near a
-    limit may be refused although its real count would fit; the message says how to ask."""
+@dataclass(frozen=True)
+class MapAsk:
+    """What an /attention request asks for, as far as its cost depends on it: one head or the
+    mean over heads (None); for a sparse answer, the weights it keeps per query row on average
+    for an n-token text (`per_row(n)`: 0 every weight, None for a grid or PNG); and the
+    remedies the client already took (top_k or head given, truncate true), which a 413 never
+    asks for again."""
+
+    head: int | None
+    per_row: Callable[[int], int | None]
+    sent: frozenset[str]
+
+
+def attention_need(service: ServiceState, n: int, ask: MapAsk) -> tuple[int, int]:
+    """(non-zeros of the answer, bytes held while computing and writing it) for an n-token map:
+    upper bounds from the export's shapes (MapCost)."""
+    cost = service.runner.attention_cost(n, ask.head)
+    per_row = ask.per_row(n)
+    answer_entries = 0
+    if per_row is not None:
+        answer_entries = min(cost.entries, n * per_row) if per_row else cost.entries
+    return answer_entries, cost.work_bytes + answer_entries * SPARSE_ANSWER_BYTES
+
+
+def _fits(service: ServiceState, n: int, ask: MapAsk) -> bool:
+    entries, needed = attention_need(service, n, ask)
+    return entries <= service.settings.max_attention_entries and needed <= service.settings.max_request_memory_mb * 2**20
+
+
+def attention_fitting_length(service: ServiceState, n: int, ask: MapAsk) -> int:
+    """The longest text of at most n tokens whose map fits the server's limits (0: not even 2
+    tokens), by bisection on the estimate, which grows with n: what truncate=true cuts to."""
+    if _fits(service, n, ask):
+        return n
+    low, high = 0, n  # low fits (or is 0), high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if _fits(service, middle, ask) else (low, middle)
+    return low if low >= 2 else 0
+
+
+def _remedies(service: ServiceState, n: int, ask: MapAsk) -> list[tuple[str, str]]:
+    """(field, what to send) for each change of a field the client did not send that makes an
+    n-token map fit, by the same estimate."""
+    found = []
+    if ask.per_row(n) is not None:
+        if "top_k" not in ask.sent:
+            k = max(1, service.settings.max_attention_entries // n)
+            if _fits(service, n, MapAsk(ask.head, lambda m: min(k, m), ask.sent)):
+                found.append(("top_k", f"top_k <= {k}"))
+        if _fits(service, n, MapAsk(ask.head, lambda m: None, ask.sent)):
+            found.append(("format", "format grid or png"))
+    if ask.head is None and "head" not in ask.sent and _fits(service, n, MapAsk(0, ask.per_row, ask.sent)):
+        found.append(("head", "one head (head: 0 .. num_heads - 1) instead of the mean"))
+    if "truncate" not in ask.sent:
+        fitting = attention_fitting_length(service, n, ask)
+        if fitting:
+            found.append(("truncate", f"truncate=true (cuts the text to the {fitting} tokens that fit)"))
+    return found
+
+
+async def check_attention_budget(service: ServiceState, n: int, ask: MapAsk) -> None:
+    """413 before any work for a map whose answer or memory would pass the server's limits,
+    naming the fields the client did not send that would make it fit. Both checks use upper
+    bounds from the export's shapes (MapCost), so a map near a limit may be refused although
+    its real count would fit."""
     limit = service.runner.attention_max_length
     if not limit:
         raise ServiceError(422, "this deployment's export has no analysis graph, so no attention maps (exported with --no-analysis)",
@@ -188,22 +250,19 @@ async def check_attention_budget(service: ServiceState, n: int, head: int | None
         raise ServiceError(413, f"attention maps of {service.variant} are limited to {limit} tokens (every layer's weights are "
                            f"computed at once); this text is {n}: send a shorter text, or truncate=true to cut it to {limit}",
                            "too_long", "inputs")
-    cost = await asyncio.to_thread(service.runner.attention_cost, n, head)
-    answer_entries = 0
-    if sparse_entries_per_row is not None:
-        answer_entries = min(cost.entries, n * sparse_entries_per_row) if sparse_entries_per_row else cost.entries
-        limit = service.settings.max_attention_entries
-        if answer_entries > limit:
-            raise ServiceError(413, f"a map of {n} tokens can hold up to {answer_entries} non-zero weights, more than this server sends "
-                               f"at once ({limit}, ATTNSERVE_MAX_ATTENTION_ENTRIES); ask for top_k <= {max(1, limit // n)}, or format grid or png",
-                               "too_long", "top_k")
-    needed = cost.work_bytes + answer_entries * SPARSE_ANSWER_BYTES
-    budget = service.settings.max_request_memory_mb * 2**20
-    if needed > budget:
-        raise ServiceError(413, f"a map of {n} tokens needs up to {needed / 2**20:.0f} MB, more than this server's limit of "
-                           f"{service.settings.max_request_memory_mb} MB per request (ATTNSERVE_MAX_REQUEST_MEMORY_MB); send a shorter text"
-                           + (", or ask for top_k or format grid" if sparse_entries_per_row is not None else ""),
-                           "too_long", "inputs")
+    entries, needed = await asyncio.to_thread(attention_need, service, n, ask)
+    entry_limit, budget = service.settings.max_attention_entries, service.settings.max_request_memory_mb * 2**20
+    if entries <= entry_limit and needed <= budget:
+        return
+    remedies = await asyncio.to_thread(_remedies, service, n, ask)
+    advice = ", or ".join(text for _, text in remedies) or "a shorter text"
+    field = remedies[0][0] if remedies else "inputs"
+    if entries > entry_limit:
+        raise ServiceError(413, f"a map of {n} tokens can hold up to {entries} non-zero weights, more than this server sends "
+                           f"at once ({entry_limit}, ATTNSERVE_MAX_ATTENTION_ENTRIES); send {advice}", "too_long", field)
+    raise ServiceError(413, f"a map of {n} tokens needs up to {needed / 2**20:.0f} MB, more than this server's limit of "
+                       f"{service.settings.max_request_memory_mb} MB per request (ATTNSERVE_MAX_REQUEST_MEMORY_MB); send {advice}",
+                       "too_long", field)
 
 
 async def run_attention(service: ServiceState, ids: list[int], layer: int, head: int | None, timings: Timings):

@@ -12,8 +12,20 @@ from attnserve.service.batching import Timings
 from attnserve.service.errors import ServiceError
 from attnserve.service.rendering import attention_png, pool_grid, top_k_per_row
 from attnserve.service.routes import TEI_ERRORS
-from attnserve.service.schemas import AttentionRequest, GridAttentionResponse, SparseAttentionResponse
-from attnserve.service.state import ServiceState, check_attention_budget, get_service, get_timings, run_attention
+from attnserve.service.schemas import (
+    AttentionRequest,
+    GridAttentionResponse,
+    SparseAttentionResponse,
+)
+from attnserve.service.state import (
+    MapAsk,
+    ServiceState,
+    attention_fitting_length,
+    check_attention_budget,
+    get_service,
+    get_timings,
+    run_attention,
+)
 
 router = APIRouter(tags=["attention"])
 
@@ -33,18 +45,31 @@ async def attention(body: AttentionRequest, service: ServiceState = Depends(get_
     limit = service.runner.attention_max_length  # truncate=true cuts to it, the maps' own limit
     (tokenized,) = await service.tokenize([body.inputs], body.truncate, timings, "inputs",
                                           max_length=limit if body.truncate and limit else None)
+    ask = MapAsk(body.head, lambda n: _per_row(body, n), frozenset(
+        name for name, taken in (("top_k", body.top_k is not None), ("head", body.head is not None), ("truncate", body.truncate)) if taken))
+    if body.truncate and limit:
+        # ... and to the length whose map fits the server's memory and answer limits.
+        fitting = await asyncio.to_thread(attention_fitting_length, service, len(tokenized), ask)
+        if 2 <= fitting < len(tokenized):
+            (tokenized,) = await service.tokenize([body.inputs], True, timings, "inputs", max_length=fitting)
     n = len(tokenized)
     queries, keys = _window(body.query_range, n, "query_range"), _window(body.key_range, n, "key_range")
-    per_row = None
-    if body.format == "sparse":
-        # The budget counts an answer as rows x weights per row over all n rows; a window holds
-        # at most its queries x min(its keys, top_k) weights, spread here over the n rows.
-        width = min(keys[1] - keys[0], body.top_k or n)
-        per_row = 0 if (queries, keys) == ((0, n), (0, n)) and body.top_k is None else -(-(queries[1] - queries[0]) * width // n)
-    await check_attention_budget(service, n, body.head, per_row)
+    await check_attention_budget(service, n, ask)
     (rows, cols, values), ratios = await run_attention(service, tokenized.ids, body.layer, body.head, timings)
     # Shaping a 16K-token map (top-k, pooling, PNG, JSON) takes a while: not on the event loop.
     return await asyncio.to_thread(_render, body, service, tokenized, queries, keys, rows, cols, values, ratios)
+
+
+def _per_row(body: AttentionRequest, n: int) -> int | None:
+    """The weights a sparse answer keeps per query row on average over n rows (0: every one;
+    None: not sparse): a window holds at most its queries x min(its keys, top_k) weights."""
+    if body.format != "sparse":
+        return None
+    queries = (min(body.query_range[1], n) - body.query_range[0]) if body.query_range else n
+    keys = (min(body.key_range[1], n) - body.key_range[0]) if body.key_range else n
+    if (queries, keys) == (n, n) and body.top_k is None:
+        return 0
+    return -(-max(0, queries) * max(0, min(keys, body.top_k or n)) // n)
 
 
 def _window(given: list[int] | None, n: int, name: str) -> tuple[int, int]:
@@ -83,7 +108,8 @@ def _render(body: AttentionRequest, service: ServiceState, tokenized, queries, k
             raise ServiceError(
                 413,
                 f"this map has {len(values)} non-zero weights, more than this server sends at once "
-                f"({service.settings.max_attention_entries}); ask for top_k, or format grid or png",
+                f"({service.settings.max_attention_entries}); send top_k <= {max(1, service.settings.max_attention_entries // n)}"
+                f"{'' if body.top_k is None else ' (a smaller one)'}, or format grid or png",
                 "too_long",
                 "top_k",
             )
