@@ -350,6 +350,7 @@ def test_an_edited_folder_gets_a_new_export_that_serves_the_change(folders, tmp_
     with TestClient(create_app(Settings(model=folder, export_dir=after), runner=OnnxRunner(after, intra_op_threads=1),
                                tokenizer_path=after / "tokenizer.json")) as client:
         assert client.get("/info").json()["pooling"]["mode"] == "cls"
+    assert before.name.startswith("bert-mean--full-L128-") and after.name.startswith("bert-mean--full-L128-")  # says which model
         assert [t["text"] for t in client.post("/tokenize", json={"inputs": "Hello"}).json()[0]][1] != "hello"
         served = np.array(client.post("/embed", json={"inputs": texts}).json())
     assert np.abs(served - sentence_transformers_vectors(folder, texts).numpy()).max() <= 1e-4

