@@ -119,3 +119,29 @@ def modernbert_folder(folder: Path, pooling: str = "mean", normalize: bool = Tru
         shutil.copyfile(model_dir() / name, folder / name)
     write_sentence_transformers_files(folder, pooling, normalize, hidden=hidden, max_seq_length=max_seq_length or max_positions)
     return folder
+
+
+def rotary_bert_folder(folder: Path, architecture: str, pooling: str = "mean", normalize: bool = True, seed: int = 3,
+                       layers: int = 4, hidden: int = 64, heads: int = 4, intermediate: int = 96, trained: int = 256,
+                       rope: dict | None = None) -> Path:
+    """A random NomicBertModel (architecture nomic_bert: silu, no biases, theta 1,000) or
+    GteModel (gte: gelu, biases, theta 160,000), trained length `trained`, with dynamic NTK
+    scaling (factor 2) unless `rope` says otherwise, and MiniLM's WordPiece tokenizer (both
+    models' English versions use BERT's vocabulary)."""
+    import torch
+    from transformers import GteConfig, GteModel, NomicBertConfig, NomicBertModel
+
+    from attnserve.models.pretrained import model_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config_class, model_class, theta = {"nomic_bert": (NomicBertConfig, NomicBertModel, 1000.0),
+                                        "gte": (GteConfig, GteModel, 160000.0)}[architecture]
+    config = config_class(vocab_size=30528, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                          intermediate_size=intermediate, max_position_embeddings=trained, pad_token_id=0,
+                          rope_parameters=rope or {"rope_type": "dynamic", "rope_theta": theta, "factor": 2.0})
+    torch.manual_seed(seed)
+    model_class(config).eval().save_pretrained(folder)
+    for name in BERT_TOKENIZER_FILES:
+        shutil.copyfile(model_dir() / name, folder / name)
+    write_sentence_transformers_files(folder, pooling, normalize, hidden=hidden, max_seq_length=4096)
+    return folder

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from model_folders import bert_folder, modernbert_folder, xlm_roberta_folder
+from model_folders import (
+    bert_folder,
+    modernbert_folder,
+    rotary_bert_folder,
+    xlm_roberta_folder,
+)
 
 # architecture (ModelFolder.architecture) -> (a folder builder, transformers' class of it, lengths
 # padded into one batch: up to the 512-row position tables; ModernBERT's cross its 16-token window)
 BUILDERS = {"bert": (bert_folder, "BertModel", [7, 200, 481]),
             "xlm-roberta": (xlm_roberta_folder, "XLMRobertaModel", [7, 200, 481]),
-            "modernbert": (modernbert_folder, "ModernBertModel", [7, 200, 1500])}
+            "modernbert": (modernbert_folder, "ModernBertModel", [7, 200, 1500]),
+            # Within the trained length (256): past it, transformers scales RoPE by the batch's padded
+            # width and attnserve by each document's length (tests/test_rotary_bert.py compares those).
+            "nomic_bert": (lambda folder: rotary_bert_folder(folder, "nomic_bert"), "NomicBertModel", [7, 200, 256]),
+            "gte": (lambda folder: rotary_bert_folder(folder, "gte"), "GteModel", [7, 200, 256])}
 
 
 def test_every_family_architecture_has_a_parity_case():
@@ -36,7 +44,7 @@ def test_the_family_gives_transformers_hidden_states(architecture, tmp_path):
     assert model.architecture == architecture
     encoder = load_encoder("native", max_length=max(lengths), model=folder)
     assert encoder.family is family_of(architecture)
-    extra = {} if architecture == "modernbert" else {"add_pooling_layer": False}
+    extra = {"add_pooling_layer": False} if architecture in ("bert", "xlm-roberta") else {}
     reference = getattr(transformers, class_name).from_pretrained(folder, **extra).eval()
     generator = torch.Generator().manual_seed(0)
     special = min(model.vocab_size - 1, 5)

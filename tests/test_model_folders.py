@@ -148,7 +148,8 @@ def test_info_and_embeddings_name_the_model(folders, xlmr_export):
     with TestClient(create_app(Settings(export_dir=xlmr_export, intra_op_threads=1))) as client:
         info = client.get("/info").json()
         assert info["model"] == {"name": "xlmr-cls", "sha256": sha, "pooling": "cls", "normalize": True,
-                                 "architecture": "xlm-roberta", "max_positions": 512, "max_seq_length": 128}
+                                 "architecture": "xlm-roberta", "max_positions": 512, "max_seq_length": 128,
+                                 "position_scaling": None}
         assert info["past_trained_length"] is True  # 1,024 tokens over a 512-row table
         assert info["model_name"] == "attnserve-longformer-xlmr-cls" and info["pooling"]["mode"] == "cls"
         answer = client.post("/v1/embeddings", json={"input": TEXTS[:2], "model": info["model_name"]}).json()
@@ -218,8 +219,11 @@ def edit_json(path, **changes):
 
 
 REFUSALS = {
-    "unknown architecture": (lambda d: edit_json(d / "config.json", architectures=["NomicBertModel"], model_type="nomic_bert"),
-                             r"config.json: architecture NomicBertModel is not supported; attnserve runs BertModel, XLMRobertaModel"),
+    "unknown architecture": (lambda d: edit_json(d / "config.json", architectures=["DebertaV2Model"], model_type="deberta-v2"),
+                             r"config.json: architecture DebertaV2Model is not supported; attnserve runs BertModel, XLMRobertaModel, "
+                             r"ModernBertModel, NomicBertModel, GteModel"),
+    "a decoder": (lambda d: edit_json(d / "config.json", architectures=["Qwen3Model"], model_type="qwen3"),
+                  r"config.json: architecture Qwen3Model is not supported"),
     "missing tokenizer": (lambda d: (d / "tokenizer.json").unlink(), r"tokenizer.json: missing; attnserve serves"),
     "mismatched shapes": (lambda d: edit_json(d / "config.json", hidden_size=64),
                           r"model.safetensors: embeddings.word_embeddings.weight has shape \[30522, 32\], \S+config.json gives \[30522, 64\]"),
@@ -346,11 +350,11 @@ def test_an_edited_folder_gets_a_new_export_that_serves_the_change(folders, tmp_
     assert edited.sha256 == original.sha256 and edited.files_sha256 != original.files_sha256 and edited.same_as(original.record)
     after = cached_export(cache, Recipe.resolve("full", {}, 128, analysis=False, model=folder), log=lambda m: None)
     assert after != before and sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted([before.name, after.name])
+    assert before.name.startswith("bert-mean--full-L128-") and after.name.startswith("bert-mean--full-L128-")  # says which model
     texts = ["Hello World", "a second text"]
     with TestClient(create_app(Settings(model=folder, export_dir=after), runner=OnnxRunner(after, intra_op_threads=1),
                                tokenizer_path=after / "tokenizer.json")) as client:
         assert client.get("/info").json()["pooling"]["mode"] == "cls"
-    assert before.name.startswith("bert-mean--full-L128-") and after.name.startswith("bert-mean--full-L128-")  # says which model
         assert [t["text"] for t in client.post("/tokenize", json={"inputs": "Hello"}).json()[0]][1] != "hello"
         served = np.array(client.post("/embed", json={"inputs": texts}).json())
     assert np.abs(served - sentence_transformers_vectors(folder, texts).numpy()).max() <= 1e-4

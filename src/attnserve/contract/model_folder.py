@@ -38,12 +38,13 @@ SENTENCE_CONFIG_FILE = "sentence_bert_config.json"
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 
 # config.json's architectures -> the architecture family this encoder implements.
-ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "xlm-roberta", "ModernBertModel": "modernbert"}
-MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "modernbert": "modernbert"}
+ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "xlm-roberta", "ModernBertModel": "modernbert",
+                 "NomicBertModel": "nomic_bert", "GteModel": "gte"}
+MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "modernbert": "modernbert", "nomic_bert": "nomic_bert", "gte": "gte"}
 # Each layer's own attention (ModelFolder.layer_attention): every token (full), or a window.
 LAYER_ATTENTION = ("full", "local")
 # Architectures whose positions are rotations of the queries and keys (RoPE), with no table.
-ROTARY_ARCHITECTURES = ("modernbert",)
+ROTARY_ARCHITECTURES = ("modernbert", "nomic_bert", "gte")
 POOLING_MODES = ("mean", "cls", "lasttoken")
 _POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "lasttoken"}
 _UNSUPPORTED_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
@@ -60,8 +61,9 @@ DEFAULT_MODEL_NAME = BUNDLED_MODEL_NAME
 DEFAULT_VARIANT = "longformer"
 DEFAULT_MAX_LENGTH = 16384
 SUPPORTED = ("a sentence-transformers folder of a BERT (BertModel: all-MiniLM, bge, e5, gte), XLM-RoBERTa "
-             "(XLMRobertaModel: multilingual-e5, bge-m3) or ModernBERT (ModernBertModel: gte-modernbert, "
-             "modernbert-embed) model with gelu, holding "
+             "(XLMRobertaModel: multilingual-e5, bge-m3), ModernBERT (ModernBertModel: gte-modernbert, "
+             "modernbert-embed), NomicBERT (NomicBertModel: nomic-embed-text) or GTE (GteModel: gte-base-en-v1.5, "
+             "gte-multilingual-base) model, holding "
              f"{', '.join(REQUIRED_FILES)} and optionally {MODULES_FILE} (Transformer, Pooling: "
              f"{'/'.join(POOLING_MODES)}, Normalize) and {SENTENCE_CONFIG_FILE}")
 
@@ -139,13 +141,29 @@ class ModelFolder(ModelShape):
         """The identity and the facts a manifest records."""
         return {**self.record, "architecture": self.architecture, "pooling": self.pooling, "normalize": self.normalize,
                 "max_seq_length": self.max_seq_length, "max_positions": self.max_positions,
-                "layer_attention": list(self.native_layers()), "local_window": self.local_window}
+                "layer_attention": list(self.native_layers()), "local_window": self.local_window,
+                "position_scaling": self.position_scaling}
 
     @property
     def default_variant(self) -> str:
         """What a deployment of this model runs unless told otherwise: its own attention where it
-        has a pattern of its own (some layers local), else DEFAULT_VARIANT."""
-        return "native" if "local" in self.layer_attention else DEFAULT_VARIANT
+        has a pattern of its own (some layers local) or rotary positions (trained at a long
+        length with them), else DEFAULT_VARIANT."""
+        return "native" if self.rotary or "local" in self.layer_attention else DEFAULT_VARIANT
+
+    @property
+    def position_scaling(self) -> str | None:
+        """How the positions scale past max_positions, where they do (/info says it)."""
+        if not self.extends_positions:
+            return None
+        return (f"dynamic NTK (factor {self.detail('rope_factor'):g}) past {self.max_positions} tokens, computed per document: "
+                f"a vector is transformers' for the document alone, whatever shares its batch")
+
+    @property
+    def extends_positions(self) -> bool:
+        """Whether the model's own positions are defined past its trained length: RoPE with
+        dynamic NTK scaling rescales them to each batch's longest document."""
+        return dict(self.details).get("rope_type") == "dynamic"
 
     @property
     def rotary(self) -> bool:
@@ -227,6 +245,9 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
     if architecture == "modernbert":
         shape = _modernbert_shape(directory / CONFIG_FILE, config)
         _check_modernbert_tensors(directory, shape)
+    elif architecture in ("nomic_bert", "gte"):
+        shape = _rotary_bert_shape(directory / CONFIG_FILE, config, architecture)
+        _check_rotary_bert_tensors(directory, shape, architecture)
     else:
         shape = _shape(directory / CONFIG_FILE, config, architecture)
         _check_tensors(directory, shape)
@@ -238,6 +259,16 @@ def read_model_folder(directory, name: str | None = None) -> ModelFolder:
                        sha256=weights_sha256(directory / WEIGHTS_FILE), architecture=architecture, pooling=pooling,
                        normalize=normalize, max_seq_length=max_seq_length, files_sha256=folder_files_sha256(directory, read),
                        **shape)
+
+
+def hub_name(folder: Path) -> str | None:
+    """org/name for a snapshot folder of the Hugging Face cache (.../models--org--name/snapshots/
+    <commit>, where attnserve.model_source resolves Hub ids), else None: the name its
+    exports, recipes and /info give it rather than the commit."""
+    parts = folder.resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/", 1)
+    return None
 
 
 def folder_files_sha256(directory: Path, names) -> str:
@@ -261,16 +292,6 @@ def _check_vocabulary(path: Path, vocab_size: int) -> None:
     ids += [t.get("id") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)] if isinstance(tokenizer, dict) else []
     ids = [i for i in ids if isinstance(i, int)]
     if ids and max(ids) >= vocab_size:
-def hub_name(folder: Path) -> str | None:
-    """org/name for a snapshot folder of the Hugging Face cache (.../models--org--name/snapshots/
-    <commit>, where attnserve.model_source resolves Hub ids), else None: the name its
-    exports, recipes and /info give it rather than the commit."""
-    parts = folder.resolve().parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3][len("models--"):].replace("--", "/", 1)
-    return None
-
-
         raise ModelError(f"{path}: gives token ids up to {max(ids)}, but {path.parent / CONFIG_FILE} has vocab_size {vocab_size} "
                          f"word embeddings; the tokenizer and the weights must be of one model")
 
@@ -452,6 +473,110 @@ def _check_modernbert_tensors(directory: Path, shape: dict) -> None:
     for name, want in expected.items():
         if name not in shapes:
             raise ModelError(f"{path}: has no tensor {name}; it must hold the ModernBertModel weights {config} describes")
+        if shapes[name] != want:
+            raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
+                             f"config.json must be of one model")
+
+
+# NomicBertModel's and GteModel's tensors as transformers saves them (its checkpoint layout), by
+# what they are: {architecture: {role: name}}, "{i}" the layer. GTE checkpoints may carry a
+# "new." prefix (its original NewModel), which is dropped.
+ROTARY_BERT_TENSORS = {
+    "nomic_bert": {"norm": "emb_ln", "qkv": "encoder.layers.{i}.attn.Wqkv", "out": "encoder.layers.{i}.attn.out_proj",
+                   "up": "encoder.layers.{i}.mlp.fc11", "gate": "encoder.layers.{i}.mlp.fc12", "down": "encoder.layers.{i}.mlp.fc2",
+                   "attention_norm": "encoder.layers.{i}.norm1", "mlp_norm": "encoder.layers.{i}.norm2"},
+    "gte": {"norm": "embeddings.LayerNorm", "qkv": "encoder.layer.{i}.attention.qkv_proj", "out": "encoder.layer.{i}.attention.o_proj",
+            "up_gate": "encoder.layer.{i}.mlp.up_gate_proj", "down": "encoder.layer.{i}.mlp.down_proj",
+            "attention_norm": "encoder.layer.{i}.attn_ln", "mlp_norm": "encoder.layer.{i}.mlp_ln"},
+}
+# Where each has biases (transformers' NomicBertAttention and NomicBertMLP have none; GteAttention
+# has them, and GteMLP on its down projection only).
+ROTARY_BERT_BIASES = {"nomic_bert": (), "gte": ("qkv", "out", "down")}
+ROTARY_BERT_ACTIVATIONS = ("silu", "gelu")
+
+
+def _rotary_bert_shape(path: Path, config: dict, architecture: str) -> dict:
+    """NomicBERT's or GTE's config.json (transformers' NomicBertConfig, GteConfig): BERT's sizes,
+    a gated MLP's activation, and RoPE with its theta and, for rope_type dynamic, NTK scaling."""
+    hidden, heads = _integer(path, config, "hidden_size"), _integer(path, config, "num_attention_heads")
+    if hidden % heads or (hidden // heads) % 2:
+        raise ModelError(f"{path}: hidden_size {hidden} must be num_attention_heads {heads} times an even head width "
+                         f"(rotary positions rotate pairs)")
+    if config.get("head_dim") not in (None, hidden // heads):
+        raise ModelError(f"{path}: head_dim {config['head_dim']!r} is not hidden_size / num_attention_heads "
+                         f"({hidden // heads}); attnserve runs heads that split the hidden size")
+    activation = config.get("hidden_act", "silu" if architecture == "nomic_bert" else "gelu")
+    if activation not in ROTARY_BERT_ACTIVATIONS:
+        raise ModelError(f"{path}: hidden_act {activation!r} is not supported; attnserve runs the gated MLP with "
+                         f"{' or '.join(ROTARY_BERT_ACTIVATIONS)}")
+    rope = config.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or not rope and config.get("rope_scaling"):
+        raise ModelError(f"{path}: rope_parameters must be an object (got {rope!r}; rope_scaling "
+                         f"{config.get('rope_scaling')!r}); save the folder with transformers 5, which writes rope_parameters")
+    default_theta = 1000.0 if architecture == "nomic_bert" else 160000.0
+    theta = rope.get("rope_theta", config.get("rope_theta", default_theta))
+    kind = rope.get("rope_type", "default")
+    if kind not in ("default", "dynamic"):
+        raise ModelError(f"{path}: rope_parameters.rope_type {kind!r} is not supported; attnserve runs default RoPE and "
+                         f"dynamic (NTK) scaling")
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ModelError(f"{path}: the RoPE theta must be a positive number (got {theta!r})")
+    factor = rope.get("factor", 1.0)
+    if kind == "dynamic" and (not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1):
+        raise ModelError(f"{path}: rope_parameters.factor must be a number >= 1 for dynamic scaling (got {factor!r})")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelError(f"{path}: partial_rotary_factor {rope['partial_rotary_factor']!r} is not supported; attnserve "
+                         f"rotates the whole head")
+    eps = config.get("layer_norm_eps", 1e-12)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise ModelError(f"{path}: layer_norm_eps must be a number (got {eps!r})")
+    details = (("layer_norm_eps", float(eps)), ("activation", activation), ("rope_theta", float(theta)),
+               ("rope_type", kind), ("rope_factor", float(factor)))
+    return dict(vocab_size=_integer(path, config, "vocab_size"), hidden_size=hidden,
+                num_layers=_integer(path, config, "num_hidden_layers"), num_heads=heads,
+                intermediate_size=_integer(path, config, "intermediate_size"),
+                max_positions=_integer(path, config, "max_position_embeddings", 2), position_offset=0,
+                type_vocab_size=_integer(path, config, "type_vocab_size", 0) if "type_vocab_size" in config else 2,
+                layer_norm_eps=float(eps), details=details)
+
+
+def rotary_bert_tensor_shapes(shape: dict, architecture: str) -> dict[str, list[int]]:
+    """Every tensor NomicBertModel or GteModel of `shape` saves, and its shape."""
+    hidden, inter, names = shape["hidden_size"], shape["intermediate_size"], ROTARY_BERT_TENSORS[architecture]
+    sizes = {"qkv": [3 * hidden, hidden], "out": [hidden, hidden], "up": [inter, hidden], "gate": [inter, hidden],
+             "up_gate": [2 * inter, hidden], "down": [hidden, inter]}
+    expected = {"embeddings.word_embeddings.weight": [shape["vocab_size"], hidden],
+                f"{names['norm']}.weight": [hidden], f"{names['norm']}.bias": [hidden]}
+    if shape["type_vocab_size"]:
+        expected["embeddings.token_type_embeddings.weight"] = [shape["type_vocab_size"], hidden]
+    for i in range(shape["num_layers"]):
+        for role, name in names.items():
+            name = name.format(i=i)
+            if role.endswith("norm"):
+                if role != "norm":
+                    expected.update({f"{name}.weight": [hidden], f"{name}.bias": [hidden]})
+                continue
+            expected[f"{name}.weight"] = sizes[role]
+            if role in ROTARY_BERT_BIASES[architecture]:
+                expected[f"{name}.bias"] = sizes[role][:1]
+    return expected
+
+
+def _check_rotary_bert_tensors(directory: Path, shape: dict, architecture: str) -> None:
+    """The model's tensors (rotary_bert_tensor_shapes) with the shapes config.json gives; a
+    pooler's are left unread, any other (a head) refused by name."""
+    path, config = directory / WEIGHTS_FILE, directory / CONFIG_FILE
+    expected = rotary_bert_tensor_shapes(shape, architecture)
+    shapes = {re.sub(r"^new\.", "", name): value for name, value in tensor_shapes(path).items() if "pooler." not in name}
+    kind = {"nomic_bert": "NomicBertModel", "gte": "GteModel"}[architecture]
+    unexpected = sorted(set(shapes) - set(expected))
+    if unexpected:
+        raise ModelError(f"{path}: tensor {unexpected[0]} is not {kind}'s (a head, or another model's"
+                         f"{f'; {len(unexpected)} such tensors' if len(unexpected) > 1 else ''}); attnserve serves the "
+                         f"encoder alone: save {kind}'s weights (transformers' save_pretrained of the base model)")
+    for name, want in expected.items():
+        if name not in shapes:
+            raise ModelError(f"{path}: has no tensor {name}; it must hold the {kind} weights {config} describes")
         if shapes[name] != want:
             raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
                              f"config.json must be of one model")

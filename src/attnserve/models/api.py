@@ -247,7 +247,7 @@ def model_config(variant: str, max_length: int, model, params: dict | None = Non
     config = make_config(text, max_length, num_layers=model.num_layers, **{**native, **(params or {})})
     if model.rotary:
         check_rotary(model, config)
-    if model.rotary and max_length > model.max_positions:
+    if model.rotary and max_length > model.max_positions and not model.extends_positions:
         unbounded = sorted({c.variant for c in config.per_layer(model.num_layers) if not variant_class(c.variant).bounded_span})
         if unbounded:
             bounded = ", ".join(name for name, cls in VARIANTS.items() if cls.bounded_span)

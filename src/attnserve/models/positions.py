@@ -71,3 +71,57 @@ def query_scale(key_valid: torch.Tensor, rows: int) -> torch.Tensor:
     n = key_valid.sum(1).to(torch.float32)
     factor = torch.where(n > rows, torch.log(n) / math.log(rows), torch.ones_like(n))
     return factor[:, None, None, None]
+
+
+# --------------------------------------------------------------------------- rotary positions (RoPE)
+
+
+def check_rotary_positions(config, model: str) -> None:
+    """ValueError for the learned-table position parameters (positions, position_period,
+    attention_scaling) set on a rotary model, which has no table to stretch."""
+    from attnserve.models.attention.base import DEFAULT_POSITION_PERIOD
+
+    table = {"positions": "recurrent", "position_period": DEFAULT_POSITION_PERIOD, "attention_scaling": False}
+    set_ = [f"{name}={getattr(config, name)!r}" for name, default in table.items() if getattr(config, name) != default]
+    if set_:
+        raise ValueError(f"{', '.join(set_)}: {model}'s positions are rotary (RoPE), with no position table to stretch; "
+                         f"leave positions, position_period and attention_scaling at their defaults")
+
+
+class Rotary(torch.nn.Module):
+    """RoPE as transformers computes it: token i's angles i * base^(-2j/d) in float32, the
+    vector's halves rotated together (rotate_half), base = theta. With dynamic NTK scaling
+    (transformers' rope_type "dynamic": `ntk_factor` and the `trained_length`), a document of
+    L > trained_length tokens takes base = theta * (factor * L / trained_length - (factor - 1))
+    ** (d / (d - 2)). attnserve takes L per document, so that a document's vector never depends
+    on what else shares its batch: it is transformers' for the document alone (transformers
+    takes L as the padded width of the whole batch)."""
+
+    def __init__(self, head_dim: int, theta: float, trained_length: int | None = None, ntk_factor: float | None = None):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, float(theta)
+        self.trained_length, self.ntk_factor = trained_length, ntk_factor
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+        self.register_buffer("exponents", exponents, persistent=False)
+        self.register_buffer("inverse_frequencies", 1.0 / (self.theta ** exponents), persistent=False)
+
+    def forward(self, q, k, key_valid=None):
+        """q, k: (B, H, N, D), token i at position i; key_valid (B, N): the real tokens, whose
+        count is each document's L for dynamic NTK scaling."""
+        positions = torch.arange(q.shape[2], device=q.device, dtype=torch.float32)
+        if self.ntk_factor is None:
+            angles = positions[:, None] * self.inverse_frequencies[None]  # (N, D/2)
+        else:
+            lengths = key_valid.sum(-1).to(torch.float32).clamp(min=float(self.trained_length))  # (B,)
+            growth = self.ntk_factor * lengths / self.trained_length - (self.ntk_factor - 1)
+            base = self.theta * growth ** (self.head_dim / (self.head_dim - 2))
+            inverse = 1.0 / (base[:, None] ** self.exponents[None])  # (B, D/2)
+            angles = (positions[None, :, None] * inverse[:, None, :])[:, None]  # (B, 1, N, D/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

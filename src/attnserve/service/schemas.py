@@ -443,9 +443,10 @@ class ModelInfo(BaseModel):
     sha256: str = Field(description="sha256 of the model's model.safetensors")
     pooling: str = Field(description="the model's own pooling (its sentence-transformers Pooling module): mean, cls or lasttoken")
     normalize: bool = Field(description="whether the model L2-normalises its vectors (a Normalize module)")
-    architecture: str | None = Field(None, description="bert, xlm-roberta or modernbert (null: an export older than this field)")
+    architecture: str | None = Field(None, description="bert, xlm-roberta, modernbert, nomic_bert or gte (null: an export older than this field)")
     max_positions: int | None = Field(None, description="the positions the model was trained with (its position table's rows, or a rotary model's max_position_embeddings)")
     max_seq_length: int | None = Field(None, description="the length its sentence-transformers folder says it was trained at (sentence_bert_config.json)")
+    position_scaling: str | None = Field(None, description="how a rotary model's positions scale past max_positions, where they do (RoPE with dynamic NTK scaling: per document, so a vector never depends on its batch); null: they do not")
 
 
 class InfoResponse(BaseModel):

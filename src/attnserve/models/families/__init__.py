@@ -5,8 +5,9 @@ from __future__ import annotations
 from attnserve.models.families.base import Family
 from attnserve.models.families.bert import FAMILY as BERT
 from attnserve.models.families.modernbert import FAMILY as MODERNBERT
+from attnserve.models.families.rotary_bert import FAMILY as ROTARY_BERT
 
-FAMILIES: tuple[Family, ...] = (BERT, MODERNBERT)
+FAMILIES: tuple[Family, ...] = (BERT, MODERNBERT, ROTARY_BERT)
 
 
 def family_of(architecture: str) -> Family:

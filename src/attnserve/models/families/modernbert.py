@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnserve.models.attention.base import DEFAULT_POSITION_PERIOD, AttentionConfig
+from attnserve.models.attention.base import AttentionConfig
 from attnserve.contract.model_folder import ModelShape
 from attnserve.models.families.base import Family
+from attnserve.models.positions import Rotary, check_rotary_positions
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,47 +45,15 @@ class ModernBertShape(ModelShape):
     local_rope_theta: float = 10000.0
 
 
-def check_positions(config: AttentionConfig) -> None:
-    """ValueError for the learned-table position parameters, which ModernBERT has no table for."""
-    table = {"positions": "recurrent", "position_period": DEFAULT_POSITION_PERIOD, "attention_scaling": False}
-    set_ = [f"{name}={getattr(config, name)!r}" for name, default in table.items() if getattr(config, name) != default]
-    if set_:
-        raise ValueError(f"{', '.join(set_)}: ModernBERT's positions are rotary (RoPE), with no position table to stretch; "
-                         f"leave positions, position_period and attention_scaling at their defaults")
-
-
 class Embeddings(nn.Module):
     def __init__(self, shape: ModernBertShape, config: AttentionConfig):
         super().__init__()
-        check_positions(config)
+        check_rotary_positions(config, "ModernBERT")
         self.tok_embeddings = nn.Embedding(shape.vocab_size, shape.hidden_size)
         self.norm = nn.LayerNorm(shape.hidden_size, eps=shape.norm_eps, bias=shape.norm_bias)
 
     def forward(self, input_ids, attention_mask=None):
         return self.norm(self.tok_embeddings(input_ids))
-
-
-class Rotary(nn.Module):
-    """RoPE as transformers computes it: position p's angles p * theta^(-2i/d) in float32,
-    the vector's halves rotated together (rotate_half)."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        inverse = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inverse_frequencies", inverse, persistent=False)
-
-    def forward(self, q, k):
-        """q, k: (B, H, N, D), token i at position i."""
-        positions = torch.arange(q.shape[2], device=q.device, dtype=torch.float32)
-        angles = positions[:, None] * self.inverse_frequencies[None]
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 class Projections(nn.Module):
