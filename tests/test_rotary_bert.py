@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from export_helpers import EXPORTS_ROOT
 from model_folders import rotary_bert_folder
 
@@ -105,7 +104,8 @@ def test_the_export_and_the_server_give_transformers_vectors(folders, architectu
 
     folder = folders[architecture]
     torch.set_num_threads(2)
-    export_dir = cached_export(EXPORTS_ROOT, Recipe.resolve(model=folder, max_length=MAX_LENGTH, analysis=False), log=lambda m: None)
+    maps = architecture == "nomic_bert"  # the analysis and collapse graphs too, once
+    export_dir = cached_export(EXPORTS_ROOT, Recipe.resolve(model=folder, max_length=MAX_LENGTH, analysis=maps), log=lambda m: None)
     manifest = json.loads((export_dir / "manifest.json").read_text())
     assert manifest["variant"] == "full" and manifest["model"]["architecture"] == architecture
     reference = transformers_vectors(folder, TEXTS)
@@ -118,3 +118,8 @@ def test_the_export_and_the_server_give_transformers_vectors(folders, architectu
         body = client.post("/v1/embeddings", json={"input": TEXTS, "model": "m"}).json()
         served = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
         assert np.abs(served - reference).max() <= 1e-4
+        if maps:  # full rows that sum to 1 on every layer, and the rank-collapse paths through its layers
+            grid = np.array(client.post("/attention", json={"inputs": TEXTS[1], "layer": 3, "format": "grid", "max_cells": 8}).json()["grid"])
+            assert np.allclose(grid.sum(1), 1, atol=1e-3) and (grid > 0).all()
+            collapse = client.post("/rank_collapse", json={"inputs": TEXTS[1]}).json()
+            assert all(len(ratios) == 4 for ratios in collapse["paths"].values()) and collapse["paths"], collapse

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnserve.models.attention.base import AttentionConfig
 from attnserve.contract.model_folder import ModelShape
+from attnserve.models.attention.base import AttentionConfig
 from attnserve.models.families.base import Family
 from attnserve.models.positions import Rotary, check_rotary_positions
 

@@ -24,7 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnserve.contract.model_folder import ROTARY_BERT_BIASES, ROTARY_BERT_TENSORS, ModelShape
+from attnserve.contract.model_folder import (
+    ROTARY_BERT_BIASES,
+    ROTARY_BERT_TENSORS,
+    ModelShape,
+)
 from attnserve.models.attention.base import AttentionConfig
 from attnserve.models.families.base import Family
 from attnserve.models.positions import Rotary, check_rotary_positions
@@ -86,8 +90,7 @@ class RotaryBertLayer(nn.Module):
 
     def forward(self, x, key_valid, need_weights=False):
         attended, weights = self.self_attention(x, key_valid, need_weights)
-        x = self.attention_norm(x + attended)
-        return self.mlp_norm(x + self.mlp(x)), weights
+        return self.feed_forward(self.attention_norm(x + attended)), weights
 
     def self_attention(self, x, key_valid, need_weights=False):
         """out(attention(rope(q), rope(k), v)) of x, and its weights."""
@@ -96,6 +99,10 @@ class RotaryBertLayer(nn.Module):
         q, k = self.rotary(q, k, key_valid)
         mixed, weights = self.attention(q, k, v, key_valid, need_weights)
         return self.out(mixed.transpose(1, 2).reshape(batch, n, hidden)), weights
+
+    def feed_forward(self, x):
+        """The MLP sub-layer: norm(x + mlp(x))."""
+        return self.mlp_norm(x + self.mlp(x))
 
     def mlp(self, x):
         """The MLP's branch, before its skip and norm: down(act(gate(x)) * up(x))."""
@@ -107,7 +114,7 @@ class RotaryBertLayer(nn.Module):
         attended = self.self_attention(x, key_valid)[0]
         inputs, outputs = x.unflatten(0, (len(paths), -1)), attended.unflatten(0, (len(paths), -1))
         steps = {
-            "model": lambda x, a: (lambda y: self.mlp_norm(y + self.mlp(y)))(self.attention_norm(x + a)),
+            "model": lambda x, a: self.feed_forward(self.attention_norm(x + a)),
             "attention_only": lambda x, a: a,
             "attention_skip": lambda x, a: self.attention_norm(x + a),
             "attention_mlp": lambda x, a: self.mlp_norm(self.mlp(self.attention_norm(a))),
