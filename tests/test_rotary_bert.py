@@ -9,6 +9,7 @@ go through the shared test cache."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -123,3 +124,49 @@ def test_the_export_and_the_server_give_transformers_vectors(folders, architectu
             assert np.allclose(grid.sum(1), 1, atol=1e-3) and (grid > 0).all()
             collapse = client.post("/rank_collapse", json={"inputs": TEXTS[1]}).json()
             assert all(len(ratios) == 4 for ratios in collapse["paths"].values()) and collapse["paths"], collapse
+
+
+def edit_config(folder, tmp_path, **changes):
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / folder.name)
+    config = json.loads((copy / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 2.0}}, "rope_type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5}}, "partial_rotary_factor 0.5"),
+    ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ({"head_dim": 8}, "head_dim 8 is not hidden_size / num_attention_heads"),
+    ({"num_hidden_layers": 5}, "has no tensor encoder.layers.4.attn.Wqkv.weight"),
+    ({"auto_map": {"AutoModel": "modeling_hf_nomic_bert.NomicBertModel"}}, "auto_map names the folder's own code"),
+])
+def test_what_cannot_run_is_refused_naming_the_file(folders, tmp_path, changes, message):
+    from attnserve.contract.model_folder import ModelError, read_model_folder
+
+    with pytest.raises(ModelError, match=re.escape(message)) as refused:
+        read_model_folder(edit_config(folders["nomic_bert"], tmp_path, **changes))
+    assert "config.json" in str(refused.value) or "model.safetensors" in str(refused.value)
+
+
+def test_a_head_is_refused_and_a_pooler_left_unread(folders, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from attnserve.contract.model_folder import ModelError, read_model_folder
+
+    copy = shutil.copytree(folders["gte"], tmp_path / "gte")
+    tensors = load_file(copy / "model.safetensors")
+    save_file({**tensors, "pooler.dense.weight": torch.zeros(64, 64)}, copy / "model.safetensors")
+    assert read_model_folder(copy).architecture == "gte"
+    save_file({**tensors, "lm_head.decoder.weight": torch.zeros(30528, 64)}, copy / "model.safetensors")
+    with pytest.raises(ModelError, match="tensor lm_head.decoder.weight is not GteModel's"):
+        read_model_folder(copy)

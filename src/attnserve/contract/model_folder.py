@@ -465,14 +465,21 @@ def _check_modernbert_tensors(directory: Path, shape: dict) -> None:
                          **linear(f"layers.{i}.attn.Wo", hidden, hidden, "attn"), **norm(f"layers.{i}.mlp_norm"),
                          **linear(f"layers.{i}.mlp.Wi", 2 * inter, hidden, "mlp"), **linear(f"layers.{i}.mlp.Wo", hidden, inter, "mlp")})
     shapes = {re.sub(r"^model\.", "", name): value for name, value in tensor_shapes(path).items()}
+    _check_tensor_set(path, config, "ModernBertModel", shapes, expected)
+
+
+def _check_tensor_set(path: Path, config: Path, kind: str, shapes: dict, expected: dict) -> None:
+    """`shapes` (a weights file's tensors, prefixes dropped) are `expected`'s, with its shapes:
+    ModelError naming the first tensor of a head (or another model), the first missing one, or
+    the first of another shape than config.json gives."""
     unexpected = sorted(set(shapes) - set(expected))
     if unexpected:
-        raise ModelError(f"{path}: tensor {unexpected[0]} is not ModernBertModel's (a head, or another model's"
+        raise ModelError(f"{path}: tensor {unexpected[0]} is not {kind}'s (a head, or another model's"
                          f"{f'; {len(unexpected)} such tensors' if len(unexpected) > 1 else ''}); attnserve serves the "
-                         f"encoder alone: save ModernBertModel's weights (transformers' save_pretrained of the base model)")
+                         f"encoder alone: save {kind}'s weights (transformers' save_pretrained of the base model)")
     for name, want in expected.items():
         if name not in shapes:
-            raise ModelError(f"{path}: has no tensor {name}; it must hold the ModernBertModel weights {config} describes")
+            raise ModelError(f"{path}: has no tensor {name}; it must hold the {kind} weights {config} describes")
         if shapes[name] != want:
             raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
                              f"config.json must be of one model")
@@ -568,18 +575,7 @@ def _check_rotary_bert_tensors(directory: Path, shape: dict, architecture: str) 
     path, config = directory / WEIGHTS_FILE, directory / CONFIG_FILE
     expected = rotary_bert_tensor_shapes(shape, architecture)
     shapes = {re.sub(r"^new\.", "", name): value for name, value in tensor_shapes(path).items() if "pooler." not in name}
-    kind = {"nomic_bert": "NomicBertModel", "gte": "GteModel"}[architecture]
-    unexpected = sorted(set(shapes) - set(expected))
-    if unexpected:
-        raise ModelError(f"{path}: tensor {unexpected[0]} is not {kind}'s (a head, or another model's"
-                         f"{f'; {len(unexpected)} such tensors' if len(unexpected) > 1 else ''}); attnserve serves the "
-                         f"encoder alone: save {kind}'s weights (transformers' save_pretrained of the base model)")
-    for name, want in expected.items():
-        if name not in shapes:
-            raise ModelError(f"{path}: has no tensor {name}; it must hold the {kind} weights {config} describes")
-        if shapes[name] != want:
-            raise ModelError(f"{path}: {name} has shape {shapes[name]}, {config} gives {want}; the weights and "
-                             f"config.json must be of one model")
+    _check_tensor_set(path, config, {"nomic_bert": "NomicBertModel", "gte": "GteModel"}[architecture], shapes, expected)
 
 
 def _modules(directory: Path) -> tuple[str, bool, str | None]:
