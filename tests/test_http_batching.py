@@ -244,3 +244,63 @@ def test_cuts_fall_where_the_lengths_jump():
     # The batcher's view: from its first input, only inputs no longer than it, longest first.
     assert fill_batch(240, [10, 250, 230, 60, 235], same, max_tokens=4096, max_inputs=32) == [4, 2]
     assert fill_batch(240, [10, 250, 230], same, max_tokens=4096, max_inputs=32, by_length=False) == [0, 1, 2]
+
+
+def _doc(tokens: int, mark: int = 7) -> list[int]:
+    return [101] + [mark] * (tokens - 2) + [102]
+
+
+def test_a_long_request_under_sustained_short_traffic_finishes_within_a_bound():
+    """A 32-input request of 1,000-token texts while 16 clients keep sending 1-input 20-token
+    requests (more than a batch holds, so short ones always wait): it gets a batch at least once
+    every FAIR_WAIT_BATCHES + 1 batches, so it finishes within 32 x (FAIR_WAIT_BATCHES + 1)
+    batches, long before the short traffic ends (counted in batches, not seconds)."""
+    from attnserve.service.batching import FAIR_WAIT_BATCHES
+
+    async def main():
+        runner = FakeRunner(max_length=1024)
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=1024, max_batch_requests=4, max_concurrent_requests=1000)
+        await batcher.start()
+        state = {"shorts": 0, "long_done_at": None}
+
+        async def client(i):
+            while state["long_done_at"] is None and state["shorts"] < 3000:
+                state["shorts"] += 1
+                await batcher.embed([_doc(20, mark=i)], Timings())
+
+        clients = [asyncio.create_task(client(i)) for i in range(16)]
+        await asyncio.sleep(0)  # the short traffic first
+        await batcher.embed([_doc(1000) for _ in range(32)], Timings())
+        state["long_done_at"] = len(runner.batches)
+        await asyncio.gather(*clients)
+        await batcher.stop()
+        return state, runner
+
+    state, runner = run(main())
+    assert state["shorts"] < 3000, "the long request waited for the short traffic to end"
+    assert state["long_done_at"] <= 32 * (FAIR_WAIT_BATCHES + 1) + FAIR_WAIT_BATCHES, state
+    assert sum(1 for size, width in runner.batches if width >= 1000) == 32
+
+
+def test_a_short_query_behind_a_big_request_waits_for_at_most_two_batches():
+    """Round-robin over requests: a 1-input query that arrives while a 64-input request of long
+    documents waits runs in the next batch or, when the big request is due its fair turn, the one
+    after, not after the 64."""
+
+    async def main():
+        runner = FakeRunner(max_length=1024, delay=0.005)
+        batcher = TokenBudgetBatcher(runner, max_batch_tokens=1024, max_batch_requests=8, max_concurrent_requests=100)
+        await batcher.start()
+        big = asyncio.create_task(batcher.embed([_doc(900) for _ in range(64)], Timings()))
+        waits = []
+        for i in range(10):
+            await asyncio.sleep(0.012)
+            before = len(runner.batches)
+            await batcher.embed([_doc(12, mark=i + 9)], Timings())
+            waits.append(len(runner.batches) - before)
+        await big
+        await batcher.stop()
+        return waits
+
+    waits = run(main())
+    assert max(waits) <= 3, waits  # the batch in progress, perhaps the big request's fair turn, its own

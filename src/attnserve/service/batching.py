@@ -10,7 +10,11 @@ refused at once (`Overloaded`, answered 429) instead of queueing without bound.
 Inputs wait in one queue per request, and batches are packed round-robin over requests (the
 request that has had the fewest inputs run goes first), so a request of 64 long documents
 runs one batch at a time beside the others and a short query behind it waits for at most the
-batch in progress, not for all 64. A batch starts at the longest waiting input of the request
+batch in progress, not for all 64. So that new requests, which have had none run, cannot keep
+an older one waiting without end, a request that has waited while FAIR_WAIT_BATCHES batches ran
+without it goes first (the longest waiting first): under any traffic each waiting request gets
+a batch at least once every FAIR_WAIT_BATCHES + 1 batches (one more for each other request as
+overdue). A batch starts at the longest waiting input of the request
 the round-robin picks and takes the waiting inputs below it in length up to where a cut costs
 least (src/attnserve/service/packing.py), so a burst of mixed lengths runs in batches of like lengths instead
 of padding every text to the longest of its neighbours in the queue. An input whose
@@ -35,6 +39,10 @@ from attnserve.service.packing import fill_batch
 
 # How many waiting inputs the packer considers for one batch.
 LOOKAHEAD = 256
+# Batches a waiting request may see run without it before it goes first: small enough that a
+# long request under a stream of short ones still gets a batch in every few, large enough that
+# a short query arriving behind a long request rarely waits for one of its batches.
+FAIR_WAIT_BATCHES = 4
 
 # Padded tokens per batch when the setting is 0. On a CPU one input of a hundred tokens already
 # keeps ONNX Runtime's matrix products busy, so batching saves little, and a batch past a few
@@ -123,6 +131,10 @@ class TokenBudgetBatcher:
         # each request have been put in a batch so far (the round-robin's measure).
         self._queues: dict[int, deque[_Job]] = {}
         self._served: dict[int, int] = {}
+        # Batches formed so far, and the count at each waiting request's last batch (or arrival):
+        # what the fairness rule measures waiting in.
+        self._batches = 0
+        self._last_turn: dict[int, int] = {}
         self._wakeup = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -192,6 +204,7 @@ class TokenBudgetBatcher:
         job = _Job(list(ids), asyncio.get_running_loop().create_future(), time.perf_counter(), owner, alone, reduce, normalize, query)
         self._queues.setdefault(owner, deque()).append(job)
         self._served.setdefault(owner, 0)
+        self._last_turn.setdefault(owner, self._batches)
         self._on_queue_change(self.queued)
         self._wakeup.set()
         return job
@@ -273,15 +286,21 @@ class TokenBudgetBatcher:
                 queue = self._queues[owner] = deque(job for job in queue if not job.future.done())
                 dropped = True
             if not queue:
-                del self._queues[owner], self._served[owner]
+                del self._queues[owner], self._served[owner], self._last_turn[owner]
         if dropped:
             self._on_queue_change(self.queued)
 
     def _candidates(self) -> list[_Job]:
-        """Waiting inputs in round-robin order: the requests by how many of their inputs have
-        run (fewest first, then by arrival), their first inputs, then their second ones, ...;
-        at most LOOKAHEAD of them."""
-        owners = sorted(self._queues, key=lambda o: self._served[o])  # stable: arrival order breaks ties
+        """Waiting inputs in round-robin order: the requests that have waited FAIR_WAIT_BATCHES
+        batches or more since their last (the longest waiting first), then the others by how
+        many of their inputs have run (fewest first, then by arrival); their first inputs, then
+        their second ones, ...; at most LOOKAHEAD of them."""
+
+        def rank(owner: int) -> tuple[int, int]:
+            waited = self._batches - self._last_turn[owner]
+            return (0, -waited) if waited >= FAIR_WAIT_BATCHES else (1, self._served[owner])
+
+        owners = sorted(self._queues, key=rank)  # stable: arrival order breaks ties
         out: list[_Job] = []
         depth = 0
         while len(out) < LOOKAHEAD:
@@ -311,9 +330,11 @@ class TokenBudgetBatcher:
             chosen = fill_batch(len(first.ids), [len(job.ids) for job in mates], self.padded, self.max_batch_tokens,
                                 self.max_batch_requests, by_length=self.by_length)
             batch += [mates[i] for i in chosen]
+        self._batches += 1
         for job in batch:
             self._queues[job.owner].remove(job)
             self._served[job.owner] += 1
+            self._last_turn[job.owner] = self._batches
         self._drop_cancelled()
         return batch
 
