@@ -491,10 +491,10 @@ def _check_tensor_set(path: Path, config: Path, kind: str, shapes: dict, expecte
 ROTARY_BERT_TENSORS = {
     "nomic_bert": {"norm": "emb_ln", "qkv": "encoder.layers.{i}.attn.Wqkv", "out": "encoder.layers.{i}.attn.out_proj",
                    "up": "encoder.layers.{i}.mlp.fc11", "gate": "encoder.layers.{i}.mlp.fc12", "down": "encoder.layers.{i}.mlp.fc2",
-                   "attention_norm": "encoder.layers.{i}.norm1", "mlp_norm": "encoder.layers.{i}.norm2"},
+                   "attention_norm": "encoder.layers.{i}.norm1", "output_norm": "encoder.layers.{i}.norm2"},
     "gte": {"norm": "embeddings.LayerNorm", "qkv": "encoder.layer.{i}.attention.qkv_proj", "out": "encoder.layer.{i}.attention.o_proj",
             "up_gate": "encoder.layer.{i}.mlp.up_gate_proj", "down": "encoder.layer.{i}.mlp.down_proj",
-            "attention_norm": "encoder.layer.{i}.attn_ln", "mlp_norm": "encoder.layer.{i}.mlp_ln"},
+            "attention_norm": "encoder.layer.{i}.attn_ln", "output_norm": "encoder.layer.{i}.mlp_ln"},
 }
 # Where each has biases (transformers' NomicBertAttention and NomicBertMLP have none; GteAttention
 # has them, and GteMLP on its down projection only).

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -31,6 +30,7 @@ from attnserve.contract.model_folder import (
 )
 from attnserve.models.attention.base import AttentionConfig
 from attnserve.models.families.base import Family
+from attnserve.models.families.bert import BertLayer
 from attnserve.models.positions import Rotary, check_rotary_positions
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
@@ -82,7 +82,7 @@ class RotaryBertLayer(nn.Module):
         self.up = nn.Linear(h, inter, bias=False)
         self.gate = nn.Linear(h, inter, bias=False)
         self.down = nn.Linear(inter, h, bias="down" in bias)
-        self.mlp_norm = nn.LayerNorm(h, eps=shape.layer_norm_eps)
+        self.output_norm = nn.LayerNorm(h, eps=shape.layer_norm_eps)
         self.activation = ACTIVATIONS[shape.activation]
         dynamic = shape.rope_type == "dynamic"
         self.rotary = Rotary(h // shape.num_heads, shape.rope_theta, shape.max_positions if dynamic else None,
@@ -102,24 +102,15 @@ class RotaryBertLayer(nn.Module):
 
     def feed_forward(self, x):
         """The MLP sub-layer: norm(x + mlp(x))."""
-        return self.mlp_norm(x + self.mlp(x))
+        return self.output_norm(x + self.mlp(x))
 
     def mlp(self, x):
         """The MLP's branch, before its skip and norm: down(act(gate(x)) * up(x))."""
         return self.down(self.activation(self.gate(x)) * self.up(x))
 
-    def along_paths(self, x, key_valid, paths):
-        """This layer along each of `paths` (COLLAPSE_PATHS) at once, the paths' inputs stacked
-        along the batch (see bert.BertLayer.along_paths: the same post-norm paths)."""
-        attended = self.self_attention(x, key_valid)[0]
-        inputs, outputs = x.unflatten(0, (len(paths), -1)), attended.unflatten(0, (len(paths), -1))
-        steps = {
-            "model": lambda x, a: self.feed_forward(self.attention_norm(x + a)),
-            "attention_only": lambda x, a: a,
-            "attention_skip": lambda x, a: self.attention_norm(x + a),
-            "attention_mlp": lambda x, a: self.mlp_norm(self.mlp(self.attention_norm(a))),
-        }
-        return torch.cat([steps[path](inputs[i], outputs[i]) for i, path in enumerate(paths)])
+    # The paths through a post-norm layer are BERT's (its attention and MLP sub-layers under
+    # the same names).
+    along_paths = BertLayer.along_paths
 
 
 def pretrained_state(tensors: dict, folder) -> dict:
