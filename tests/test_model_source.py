@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_helpers import EXPORTS_ROOT
 from model_folders import bert_folder, sentence_transformers_vectors
 
 from attnserve.contract.model_folder import read_model_folder
@@ -114,7 +115,8 @@ def test_serving_a_hub_id_serves_its_vectors(offline, tmp_path):
     from attnserve.service.runtime import OnnxRunner
     from attnserve.service.settings import Settings
 
-    settings = Settings(model=REPO, variant="full", max_length=64, models_dir=tmp_path)
+    # The suite's export cache: the snapshot's name, weights and files make the same recipe every run.
+    settings = Settings(model=REPO, variant="full", max_length=64, models_dir=EXPORTS_ROOT)
     assert settings.model == offline / "models--acme--tiny-bert" / "snapshots" / MAIN
     export_dir = ensure_export(settings)
     assert export_dir.name.startswith("acme-tiny-bert--full-L64-")

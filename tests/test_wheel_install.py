@@ -107,7 +107,7 @@ def test_the_wheel_holds_the_product_the_benchmarks_and_the_documents(installed)
     wheel = installed.wheel.name
     assert {n.split("/")[0] for n in names} == {"attnserve", "-".join(wheel.split("-")[:2]) + ".dist-info"}
     assert {n.split("/")[1] for n in names if n.startswith("attnserve/")} == {
-        "__init__.py", "__main__.py", "cli.py", "contract", "models", "export", "train", "service", "data", "bench"}
+        "__init__.py", "__main__.py", "cli.py", "model_source.py", "contract", "models", "export", "train", "service", "data", "bench"}
     assert {"attnserve/export/exporter.py", "attnserve/train/adapt.py", "attnserve/service/app.py", "attnserve/bench/quality.py",
             "attnserve/bench/peer_worker.py", "attnserve/contract/model_folder.py", "attnserve/service/static/explorer/index.html",
             "attnserve/data/longdocs-dev.jsonl.gz", "attnserve/data/longdocs-train.jsonl.gz"} <= set(names)
