@@ -13,7 +13,6 @@ that cache. huggingface_hub is imported only for a Hub id.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -25,17 +24,11 @@ from attnserve.contract.model_folder import WEIGHTS_FILE, ModelError
 HUB_FILES = ["*.json", WEIGHTS_FILE]
 # Hugging Face's repo id rule: one namespace and one name of letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class ModelSourceError(ModelError):
     """A --model that is neither a folder nor a Hub id attnserve can find; the message says
     where it looked and what to change."""
-
-
-def is_offline() -> bool:
-    """Whether HF_HUB_OFFLINE asks that nothing go to the network."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
 def resolve_model(value: str | Path | None, revision: str | None = None, log=print) -> Path | None:
@@ -73,7 +66,7 @@ def _from_hub(repo_id: str, revision: str | None, log) -> Path:
         return _checked(Path(found), asked)
     except LocalEntryNotFoundError:
         pass
-    if is_offline():
+    if constants.HF_HUB_OFFLINE:  # huggingface_hub's own reading of HF_HUB_OFFLINE
         raise ModelSourceError(f"{asked} is not in the Hugging Face cache {cache} (models--{repo_id.replace('/', '--')}) and "
                                f"HF_HUB_OFFLINE is set, so nothing was fetched: download it where the Hub is reachable "
                                f"(hf download {repo_id}{f' --revision {revision}' if revision else ''}), point "

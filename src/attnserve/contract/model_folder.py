@@ -162,7 +162,7 @@ class ModelFolder(ModelShape):
     @property
     def extends_positions(self) -> bool:
         """Whether the model's own positions are defined past its trained length: RoPE with
-        dynamic NTK scaling rescales them to each batch's longest document."""
+        dynamic NTK scaling rescales them to each document's length (models.positions.Rotary)."""
         return dict(self.details).get("rope_type") == "dynamic"
 
     @property
@@ -329,12 +329,10 @@ def _shape(path: Path, config: dict, architecture: str) -> dict:
     if positions < 2:
         raise ModelError(f"{path}: max_position_embeddings {positions + offset} leaves {positions} positions "
                          f"past XLM-RoBERTa's offset of {offset}")
-    eps = config.get("layer_norm_eps", 1e-12)
-    if not isinstance(eps, (int, float)):
-        raise ModelError(f"{path}: layer_norm_eps must be a number (got {eps!r})")
+    eps = _number(path, config, "layer_norm_eps", 1e-12)
     return dict(vocab_size=integer("vocab_size"), hidden_size=hidden, num_layers=integer("num_hidden_layers"),
                 num_heads=heads, intermediate_size=integer("intermediate_size"), max_positions=positions,
-                position_offset=offset, type_vocab_size=integer("type_vocab_size"), layer_norm_eps=float(eps))
+                position_offset=offset, type_vocab_size=integer("type_vocab_size"), layer_norm_eps=eps)
 
 
 def tensor_shapes(path: Path) -> dict[str, list[int]]:
@@ -383,6 +381,14 @@ def _check_tensors(directory: Path, shape: dict) -> None:
                          f"the weights and config.json must be of one model")
 
 
+def _number(path: Path, config: dict, key: str, default: float) -> float:
+    """config.json's `key` as a float (`default` where absent): ModelError for anything but a number."""
+    value = config.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ModelError(f"{path}: {key} must be a number (got {value!r})")
+    return float(value)
+
+
 def _integer(path: Path, config: dict, key: str, minimum: int = 1) -> int:
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -425,21 +431,19 @@ def _modernbert_shape(path: Path, config: dict) -> dict:
         raise ModelError(f"{path}: rope_scaling {config['rope_scaling']!r} is not supported; attnserve runs ModernBERT's "
                          f"default RoPE")
     window = _integer(path, config, "local_attention", 2)
-    eps = config.get("norm_eps", 1e-5)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise ModelError(f"{path}: norm_eps must be a number (got {eps!r})")
+    eps = _number(path, config, "norm_eps", 1e-5)
     flags = {}
     for key in ("norm_bias", "attention_bias", "mlp_bias"):
         value = config.get(key, False)
         if not isinstance(value, bool):
             raise ModelError(f"{path}: {key} must be true or false (got {value!r})")
         flags[key] = value
-    details = (("norm_eps", float(eps)), *flags.items(), ("global_rope_theta", thetas["full_attention"]),
+    details = (("norm_eps", eps), *flags.items(), ("global_rope_theta", thetas["full_attention"]),
                ("local_rope_theta", thetas["sliding_attention"]))
     return dict(vocab_size=_integer(path, config, "vocab_size"), hidden_size=hidden, num_layers=layers, num_heads=heads,
                 intermediate_size=_integer(path, config, "intermediate_size"),
                 max_positions=_integer(path, config, "max_position_embeddings", 2), position_offset=0, type_vocab_size=0,
-                layer_norm_eps=float(eps), layer_attention=tuple(kinds[t] for t in types), local_window=window,
+                layer_norm_eps=eps, layer_attention=tuple(kinds[t] for t in types), local_window=window,
                 details=details)
 
 
@@ -534,17 +538,15 @@ def _rotary_bert_shape(path: Path, config: dict, architecture: str) -> dict:
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise ModelError(f"{path}: partial_rotary_factor {rope['partial_rotary_factor']!r} is not supported; attnserve "
                          f"rotates the whole head")
-    eps = config.get("layer_norm_eps", 1e-12)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise ModelError(f"{path}: layer_norm_eps must be a number (got {eps!r})")
-    details = (("layer_norm_eps", float(eps)), ("activation", activation), ("rope_theta", float(theta)),
+    eps = _number(path, config, "layer_norm_eps", 1e-12)
+    details = (("layer_norm_eps", eps), ("activation", activation), ("rope_theta", float(theta)),
                ("rope_type", kind), ("rope_factor", float(factor)))
     return dict(vocab_size=_integer(path, config, "vocab_size"), hidden_size=hidden,
                 num_layers=_integer(path, config, "num_hidden_layers"), num_heads=heads,
                 intermediate_size=_integer(path, config, "intermediate_size"),
                 max_positions=_integer(path, config, "max_position_embeddings", 2), position_offset=0,
                 type_vocab_size=_integer(path, config, "type_vocab_size", 0) if "type_vocab_size" in config else 2,
-                layer_norm_eps=float(eps), details=details)
+                layer_norm_eps=eps, details=details)
 
 
 def rotary_bert_tensor_shapes(shape: dict, architecture: str) -> dict[str, list[int]]:

@@ -36,11 +36,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid")
 
     # What to serve.
-    model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa or ModernBERT model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2), or a Hugging Face Hub id org/name, looked up in the Hugging Face cache first and fetched only when missing and HF_HUB_OFFLINE is unset")
+    model: Path | None = Field(None, description="sentence-transformers folder of a BERT, XLM-RoBERTa, ModernBERT, NomicBERT or GTE model to serve (config.json, model.safetensors, tokenizer.json, modules.json; exported on first start; none: the bundled all-MiniLM-L6-v2), or a Hugging Face Hub id org/name, looked up in the Hugging Face cache first and fetched only when missing and HF_HUB_OFFLINE is unset")
     revision: str | None = Field(None, description="with a Hub id as model: its branch, tag or commit (none: main)")
-    variant: str | None = Field(None, description="attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`)", json_schema_extra={"shown_default": f"{DEFAULT_VARIANT}; a model with an attention pattern of its own, ModernBERT: native"})
+    variant: str | None = Field(None, description="attention variant, or a schedule of one per layer such as linformer*5,longformer; native: the model's own attention, in every layer or in those a schedule names it (see `attnserve variants`)", json_schema_extra={"shown_default": f"{DEFAULT_VARIANT}; a rotary model (ModernBERT, NomicBERT, GTE): native"})
     params: dict[str, Any] = Field(default_factory=dict, description="variant parameters (JSON object; CLI: --param key=value, repeatable)")
-    max_length: int | None = Field(None, ge=2, description="longest input in tokens, [CLS] and [SEP] included", json_schema_extra={"shown_default": f"{DEFAULT_MAX_LENGTH}; a rotary model, ModernBERT: its trained length, max_position_embeddings"})
+    max_length: int | None = Field(None, ge=2, description="longest input in tokens, [CLS] and [SEP] included", json_schema_extra={"shown_default": f"{DEFAULT_MAX_LENGTH}; a rotary model (ModernBERT, NomicBERT, GTE): its trained length, max_position_embeddings"})
     models_dir: Path = Field(Path("~/.cache/attnserve"), description="directory holding one export per recipe: variant, resolved parameters, max_length, weights, attnserve code, torch/onnx versions")
     export_dir: Path | None = Field(None, description="serve this export directory instead of one under models_dir")
     weights: Path | None = Field(None, description="adapted weights to serve (a directory `attnserve adapt` wrote); exported with them on first start")
