@@ -111,6 +111,15 @@ def test_the_export_and_the_server_give_transformers_vectors(folders, architectu
     assert manifest["variant"] == "full" and manifest["model"]["architecture"] == architecture
     reference = transformers_vectors(folder, TEXTS)
     runner = OnnxRunner(export_dir, intra_op_threads=2)
+    # One padded batch through the graph (5 to 800 tokens: below and past the NTK threshold).
+    from attnserve.models import load_encoder
+
+    ids = load_encoder(model=folder, max_length=MAX_LENGTH).tokenize(TEXTS)
+    width = runner.padded_length(max(len(i) for i in ids))
+    batch, mask = np.zeros((len(ids), width), np.int64), np.zeros((len(ids), width), np.int64)
+    for row, i in enumerate(ids):
+        batch[row, : len(i)], mask[row, : len(i)] = i, 1
+    assert np.abs(runner.embed(batch, mask) - reference).max() <= 1e-4
     app = create_app(Settings(model=folder, export_dir=export_dir, max_length=MAX_LENGTH), runner=runner, tokenizer_path=export_dir / "tokenizer.json")
     with TestClient(app) as client:
         info = client.get("/info").json()
