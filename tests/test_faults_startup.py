@@ -92,6 +92,30 @@ def test_ensure_export_fills_an_empty_or_missing_folder_and_refuses_others(tmp_p
     assert sorted(p.name for p in foreign.parent.iterdir()) == [foreign.name]  # no scratch left
 
 
+def test_an_export_folder_that_is_a_mount_point_is_refused_by_name(tmp_path, monkeypatch):
+    """The export is written beside its folder and renamed into place: where the folder above it
+    cannot be written (a read-only root file system, with a volume mounted at the export folder
+    itself), `attnserve prepare` and `serve` say so, naming it, instead of a traceback."""
+    import errno
+    import tempfile
+
+    from attnserve.contract.export_format import ExportError
+    from attnserve.service import exports
+    from attnserve.service.settings import Settings
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    calls: list[Path] = []
+    monkeypatch.setattr(exports, "run_export", _fake_export(calls))
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    target = tmp_path / "mounted"
+    target.mkdir()
+    with pytest.raises(ExportError, match=f"{tmp_path}: cannot write there \\(Read-only file system\\).*a volume holds the export as a subfolder"):
+        exports.ensure_export(Settings(export_dir=target, max_length=512))
+    assert calls == [] and list(target.iterdir()) == []
+
+
 def _recipe_export(calls: list):
     """run_export's part in ensure_export, writing a manifest with the recipe the real export
     records (settings_recipe's) and no graph files."""

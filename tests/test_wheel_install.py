@@ -167,6 +167,14 @@ def test_export_writes_a_verified_export(exported):
         runner.attention(ids, mask, 0, None)
 
 
+def test_prepare_checks_the_export_serve_would_serve_and_prints_its_folder(installed, exported):
+    """`attnserve prepare` with an export already there exports nothing: it checks it and prints
+    its folder, alone on stdout (a Kubernetes init container's step, docs/deploy.md)."""
+    out, _ = exported
+    done = installed.run("prepare", "--export-dir", str(out))
+    assert done.stdout == f"{out}\n" and "exporting" not in done.stderr
+
+
 def test_serve_answers_health_and_embed(installed, exported, tmp_path):
     out, _ = exported
     port = free_port()

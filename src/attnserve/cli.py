@@ -93,6 +93,14 @@ def serve(parser):
     return server.serve_command
 
 
+def prepare(parser):
+    from attnserve.service import serve as server
+    from attnserve.service import settings
+
+    settings.add_settings_arguments(parser)
+    return server.prepare_command
+
+
 # --------------------------------------------------------------------------- benchmarks (attnserve.bench)
 
 
@@ -151,6 +159,7 @@ COMMANDS: list[Command] = [
     Command(("adapt", "variant"), "train what a variant adds to the pretrained model (distillation), within a time budget", adapt_variant),
     Command(("export",), "export a variant to ONNX: model.onnx, analysis.onnx, collapse.onnx, tokenizer.json, manifest.json", export),
     Command(("serve",), "serve a variant over HTTP (exports it first if needed)", serve),
+    Command(("prepare",), "make the export `serve` with the same settings would serve, print its folder and exit (an init container's step)", prepare),
     Command(("bench", "encoder"), "PyTorch encoder latency and memory per variant", bench_encoder),
     Command(("bench", "quality"), "retrieval MRR on long documents and cosine to full, per variant", bench_quality),
     Command(("bench", "collapse"), "rank collapse of pure attention paths (Dong et al. 2021) per variant, CSV and PNG", bench_collapse),

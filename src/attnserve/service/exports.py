@@ -90,12 +90,13 @@ def settings_recipe(settings: Settings) -> dict:
 
 def run_export(settings: Settings, out_dir: Path) -> None:
     """Export what the settings serve into out_dir with the exporter in a child process. Its
-    output and its progress bar (stderr) reach this process's as they come; the end of its
-    stderr is kept for the message of the ExportFailed raised when it fails."""
+    output and its progress bar reach this process's stderr as they come (stdout stays this
+    process's own: `attnserve prepare` prints only the export's folder there); the end of it is
+    kept for the message of the ExportFailed raised when it fails."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tail = ""
-    with subprocess.Popen([*EXPORTER, *exporter_args(settings), "--out", str(out_dir)], stderr=subprocess.PIPE) as child:
-        while chunk := child.stderr.read1(4096):
+    with subprocess.Popen([*EXPORTER, *exporter_args(settings), "--out", str(out_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
+        while chunk := child.stdout.read1(4096):
             text = decoder.decode(chunk)
             sys.stderr.write(text)
             sys.stderr.flush()
@@ -183,8 +184,13 @@ def ensure_export(settings: Settings) -> Path:
                 settings.variant, settings.max_length, settings.params, settings.weights, settings.precision,
                 why_not_cached(settings, recipe) if settings.export_dir is None else "")
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        raise ExportError(f"{target.parent}: cannot write there ({exc.strerror}); an export is written into a scratch "
+                          f"folder beside {target.name} and renamed into place, so the folder above the export folder "
+                          f"must be writable (a volume holds the export as a subfolder, not as its mount point)") from exc
     try:
         run_export(settings, scratch)
         try:

@@ -26,21 +26,56 @@ def settings_errors(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def serve_command(args) -> int:
-    import uvicorn
-
-    from attnserve.service.app import create_app, load_runner
+def _settings(args, command: str):
+    """The Settings of flags and ATTNSERVE_*, or the exit status 2 after saying what is invalid."""
     from attnserve.service.settings import settings_from_args
 
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
-        print("attnserve serve: invalid settings:\n" + settings_errors(exc), file=sys.stderr)
+        print(f"attnserve {command}: invalid settings:\n" + settings_errors(exc), file=sys.stderr)
         return 2
     except ValueError as exc:
-        print(f"attnserve serve: invalid settings:\n{exc}", file=sys.stderr)
+        print(f"attnserve {command}: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return settings
+
+
+def prepare_command(args) -> int:
+    """`attnserve prepare`: make (or check) the export that `attnserve serve` with the same
+    flags and ATTNSERVE_* would serve, print its folder and exit; a Kubernetes init container's
+    step (deploy/kubernetes/components/model), or a first start's export done ahead of time.
+    Run again, it exports nothing: it checks that the export there is still of the model."""
+    from attnserve.contract.export_format import ExportError
+    from attnserve.service.exports import ensure_export
+
+    settings = _settings(args, "prepare")
+    if isinstance(settings, int):
+        return settings
+    try:
+        target = ensure_export(settings)
+    except ExportError as exc:
+        print(f"attnserve prepare: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"attnserve prepare: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"attnserve prepare: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(target)
+    return 0
+
+
+def serve_command(args) -> int:
+    import uvicorn
+
+    from attnserve.service.app import create_app, load_runner
+
+    settings = _settings(args, "serve")
+    if isinstance(settings, int):
+        return settings
     from attnserve.service.runtime import ExportError
     from attnserve.service.tokenizer import TextTokenizer
 
