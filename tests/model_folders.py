@@ -145,3 +145,20 @@ def rotary_bert_folder(folder: Path, architecture: str, pooling: str = "mean", n
         shutil.copyfile(model_dir() / name, folder / name)
     write_sentence_transformers_files(folder, pooling, normalize, hidden=hidden, max_seq_length=4096)
     return folder
+
+
+HUB_REPO = "acme/tiny-bert"
+HUB_MAIN, HUB_TAGGED = "a" * 40, "b" * 40  # commits
+
+
+def hub_cache(root: Path) -> Path:
+    """A Hugging Face hub cache (the folder HF_HUB_CACHE names, HF_HOME/hub) holding
+    acme/tiny-bert at main (a mean-pooled BERT folder) and at tag v1 (the same with cls pooling),
+    in huggingface_hub's layout: models--org--name/refs and snapshots/<commit> with the files."""
+    repo = root / "models--acme--tiny-bert"
+    for commit, pooling in ((HUB_MAIN, "mean"), (HUB_TAGGED, "cls")):
+        bert_folder(repo / "snapshots" / commit, pooling=pooling)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(HUB_MAIN)
+    (repo / "refs" / "v1").write_text(HUB_TAGGED)
+    return root

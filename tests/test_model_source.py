@@ -9,30 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import model_folders
 import numpy as np
 import pytest
 from export_helpers import EXPORTS_ROOT
-from model_folders import bert_folder, sentence_transformers_vectors
+from model_folders import HUB_MAIN, HUB_REPO, HUB_TAGGED, sentence_transformers_vectors
 
 from attnserve.contract.model_folder import read_model_folder
 from attnserve.model_source import ModelSourceError, resolve_model
 
-MAIN, TAGGED = "a" * 40, "b" * 40  # commits
-REPO = "acme/tiny-bert"
+MAIN, TAGGED, REPO = HUB_MAIN, HUB_TAGGED, HUB_REPO
 
 
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory) -> Path:
-    """A Hugging Face cache holding acme/tiny-bert at main (a mean-pooled BERT folder) and at tag
-    v1 (the same with cls pooling); snapshots hold the files, as huggingface_hub leaves them."""
-    root = tmp_path_factory.mktemp("hf") / "hub"
-    repo = root / "models--acme--tiny-bert"
-    for commit, pooling in ((MAIN, "mean"), (TAGGED, "cls")):
-        bert_folder(repo / "snapshots" / commit, pooling=pooling)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(MAIN)
-    (repo / "refs" / "v1").write_text(TAGGED)
-    return root
+    return model_folders.hub_cache(tmp_path_factory.mktemp("hf") / "hub")
 
 
 @pytest.fixture
