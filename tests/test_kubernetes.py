@@ -87,25 +87,64 @@ def container(objects: list[dict]) -> dict:
     return one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 
 
-def env_of(objects: list[dict]) -> dict[str, str]:
-    env = container(objects)["env"]
-    names = [e["name"] for e in env]
+def config_map(objects: list[dict], name: str) -> dict[str, str]:
+    found = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"ConfigMap {name}: {len(found)} rendered"
+    return found[0]["data"]
+
+
+def env_of(objects: list[dict], c: dict | None = None) -> dict[str, str]:
+    """A container's environment (the server's by default): its ConfigMaps' keys (envFrom),
+    then its own env entries, which Kubernetes lets override them."""
+    c = c or container(objects)
+    env = {}
+    for source in c.get("envFrom", []):
+        env.update(config_map(objects, source["configMapRef"]["name"]))
+    names = [e["name"] for e in c.get("env", [])]
     assert len(names) == len(set(names)), f"an environment variable set twice: {names}"
-    return {e["name"]: e["value"] for e in env}
+    return env | {e["name"]: e["value"] for e in c.get("env", [])}
 
 
-def settings_of(objects: list[dict], key_file: Path, monkeypatch) -> Settings:
+# Environment variables for huggingface_hub (components/model): where its cache is, and no network.
+HF_VARIABLES = {"HF_HOME", "HF_HUB_OFFLINE"}
+# A process's own thread count (components/model's exporter).
+PROCESS_VARIABLES = {"OMP_NUM_THREADS"}
+
+
+def settings_of(objects: list[dict], key_file: Path, monkeypatch, c: dict | None = None, model: Path | None = None) -> Settings:
     """The server's Settings from the Deployment's environment (the API key file replaced by a
-    local one holding a key): unknown names and invalid values fail here, as at startup."""
+    local one holding a key; a model folder by `model`, a Hub id by model_folders.HUB_REPO in
+    the Hugging Face cache `model`'s folder holds, offline): unknown names and invalid values
+    fail here, as at startup."""
+    from huggingface_hub import constants
+    from model_folders import HUB_REPO
+
     for name in list(os.environ):
         if name.startswith("ATTNSERVE_"):
             monkeypatch.delenv(name)
     given = {}
-    for name, value in env_of(objects).items():
+    for name, value in env_of(objects, c).items():
+        if name in HF_VARIABLES | PROCESS_VARIABLES:
+            continue
         assert name.startswith("ATTNSERVE_"), name
         field = name.removeprefix("ATTNSERVE_").lower()
+        if field == "model":
+            value = str(model) if value.startswith("/") else HUB_REPO
+            monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+            monkeypatch.setattr(constants, "HF_HUB_CACHE", str(model.parent / "hub"))
         given[field] = str(key_file) if field == "api_key_file" else value
     return Settings(**given)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """A local stand-in for the folder components/model mounts (a tiny random BERT), beside a
+    Hugging Face cache (hub/) holding model_folders.HUB_REPO for a Hub id."""
+    from model_folders import bert_folder, hub_cache
+
+    root = tmp_path_factory.mktemp("model")
+    hub_cache(root / "hub")
+    return bert_folder(root / "encoder")
 
 
 @pytest.fixture
@@ -172,7 +211,7 @@ def test_compose_services_bake_weights_made_for_their_variant():
         assert (ROOT / args["WEIGHTS"] / "weights.safetensors").is_file()
         assert name == schedule_slug(canonical_schedule(args["VARIANT"])).replace(".", "-"), name
     dockerfile = (ROOT / "Dockerfile").read_text()
-    export = dockerfile.split("AS export", 1)[1].split("AS runtime", 1)[0]
+    export = dockerfile.split("AS exporter\n", 1)[1].split("AS runtime\n", 1)[0]
     assert "COPY weights ./weights" in export and 'ARG WEIGHTS=""' in export
     assert re.search(r'if \[ -n "\$WEIGHTS" \]; then args="\$args --weights \$WEIGHTS"; fi;.*attnserve export --variant "\$VARIANT" \$args',
                      export, re.S)
@@ -193,8 +232,13 @@ def test_objects_refer_to_each_other_by_their_rendered_names(rendered):
         if scalers[0]["kind"] == "ScaledObject":
             query = scalers[0]["spec"]["triggers"][0]["metadata"]["query"]
             assert f'service="{service["metadata"]["name"]}"' in query, name
-        # No two variants collide: every object is named after its Deployment.
-        assert {o["metadata"]["name"] for o in objects} == {deployment["metadata"]["name"]}, name
+        # No two variants collide: every object is named after its Deployment, but a ConfigMap,
+        # whose name ends in kustomize's hash of its contents (two are one object only when equal).
+        assert {o["metadata"]["name"] for o in objects if o["kind"] != "ConfigMap"} == {deployment["metadata"]["name"]}, name
+        pod = deployment["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            for source in c.get("envFrom", []):
+                assert config_map(objects, source["configMapRef"]["name"]), name
 
 
 def test_gpu_overlays_ask_for_a_gpu_on_gpu_nodes(rendered):
@@ -211,9 +255,9 @@ def test_gpu_overlays_ask_for_a_gpu_on_gpu_nodes(rendered):
 
 
 # -- 2. the manifests against the server's own code -------------------------------------------
-def test_environment_names_and_values_are_the_servers_settings(rendered, key_file, monkeypatch):
+def test_environment_names_and_values_are_the_servers_settings(rendered, key_file, monkeypatch, model_folder):
     for name, objects in variant_renders(rendered).items():
-        settings = settings_of(objects, key_file, monkeypatch)
+        settings = settings_of(objects, key_file, monkeypatch, model=model_folder)
         # The API key arrives as the mounted Secret's file, named by ATTNSERVE_API_KEY_FILE.
         pod = one(objects, "Deployment")["spec"]["template"]["spec"]
         mount = next(m for m in container(objects)["volumeMounts"] if m["name"] == "api-key")
@@ -291,9 +335,9 @@ def test_autoscalers_scale_on_gauges_the_server_exports(rendered):
     assert [m["resource"]["name"] for m in base] == ["cpu"]
 
 
-def test_termination_grace_covers_prestop_and_the_servers_graceful_timeout(rendered, key_file, monkeypatch):
+def test_termination_grace_covers_prestop_and_the_servers_graceful_timeout(rendered, key_file, monkeypatch, model_folder):
     for name, objects in variant_renders(rendered).items():
-        settings = settings_of(objects, key_file, monkeypatch)
+        settings = settings_of(objects, key_file, monkeypatch, model=model_folder)
         pod = one(objects, "Deployment")["spec"]["template"]["spec"]
         pre_stop = container(objects)["lifecycle"]["preStop"]["sleep"]["seconds"]
         assert pre_stop >= 5, name  # endpoint removal must reach the proxies before the port closes
@@ -314,3 +358,59 @@ def test_the_image_carries_its_export_so_pods_never_export():
     assert re.search(r"RUN .*attnserve export .*--out /export", dockerfile, re.S)
     assert "COPY --from=export" in runtime and "ATTNSERVE_EXPORT_DIR=/opt/attnserve/export" in runtime
     assert "export_dir" in Settings.model_fields
+
+
+# -- 3. a model of your own (components/model) ---------------------------------------------------
+def test_own_model_pods_export_in_an_init_container_and_serve_that_export(rendered, key_file, monkeypatch, model_folder):
+    """components/model: the init container (the exporter image) runs `attnserve prepare` with
+    the settings the server starts with (one ConfigMap, the same export folder and Hugging Face
+    cache), writing the export volume the server mounts read-only; the server checks the export
+    is of the model the ConfigMap names. The model volume is read-only in both, and only the
+    init container may reach the Hub."""
+    from huggingface_hub import constants
+
+    from attnserve.cli import COMMANDS
+
+    assert all(hasattr(constants, name) for name in HF_VARIABLES)
+    assert ("prepare",) in {c.words for c in COMMANDS}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    own = {name: objects for name, objects in variant_renders(rendered).items()
+           if one(objects, "Deployment")["spec"]["template"]["spec"].get("initContainers")}
+    assert {"overlays/own-model", "overlays/own-model-hub"} <= set(own) and len(own) == len(VARIANTS) + 2, sorted(own)
+    for name, objects in own.items():
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        (init,), server = pod["initContainers"], container(objects)
+        assert init["command"] == ["attnserve", "prepare"] and "args" not in init, name
+        init_env, server_env = env_of(objects, init), env_of(objects, server)
+        assert {k: v for k, v in init_env.items() if k.startswith("ATTNSERVE_")} == \
+            {k: v for k, v in server_env.items() if k.startswith("ATTNSERVE_") and k in init_env}, name
+        assert server_env["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE" not in init_env, name
+        for c in (init, server):  # both settings are valid, with one export folder and one model
+            settings = settings_of(objects, key_file, monkeypatch, c=c, model=model_folder)
+            assert settings.model.is_relative_to(model_folder.parent), name  # the folder, or the Hub id's snapshot
+            assert str(settings.export_dir) == init_env["ATTNSERVE_EXPORT_DIR"], name
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in (init, server)}
+        for c in (init, server):
+            by_volume = {m["name"]: m for m in mounts[c["name"]].values()}
+            assert by_volume["model"].get("readOnly") and volumes["model"].get("persistentVolumeClaim", {"readOnly": True})["readOnly"], name
+            # A subfolder of the volume: the export is written beside it and renamed into place.
+            assert Path(init_env["ATTNSERVE_EXPORT_DIR"]).parent == Path(by_volume["export"]["mountPath"]), name
+            assert by_volume["huggingface"]["mountPath"] == init_env["HF_HOME"] == env_of(objects, c)["HF_HOME"], name
+            assert set(by_volume) <= set(volumes), name
+        assert not {m["name"]: m for m in mounts["prepare"].values()}["export"].get("readOnly"), name
+        assert {m["name"]: m for m in mounts["attnserve"].values()}["export"]["readOnly"], name
+        # A folder lies on the model volume; a Hub id (org/name) is fetched into the cache volume.
+        model_mount = {m["name"]: m for m in mounts["prepare"].values()}["model"]["mountPath"]
+        if "persistentVolumeClaim" in volumes["model"]:
+            assert init_env["ATTNSERVE_MODEL"].startswith(model_mount + "/"), name
+        else:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+", init_env["ATTNSERVE_MODEL"]) and init_env["ATTNSERVE_REVISION"], name
+    images = {c["name"]: c["image"] for key in ("initContainers", "containers")
+              for c in one(own["overlays/own-model"], "Deployment")["spec"]["template"]["spec"][key]}
+    assert images == {"prepare": "attnserve:exporter", "attnserve": "attnserve:server"}
+    for target in ("exporter", "server"):  # both are stages of the Dockerfile, built with --target
+        assert re.search(rf"^FROM \S+ AS {target}$", dockerfile, re.MULTILINE), target
+    server_stage = dockerfile.split("AS server\n", 1)[1].split("\nFROM ", 1)[0]
+    # The server installs the runtime dependencies only: no torch (tests/test_docker_smoke.py runs it).
+    assert "pip install -r /req/runtime.txt\n" in server_stage and "export.txt" not in server_stage and "torch" not in server_stage
