@@ -242,24 +242,30 @@ def test_bench_quality_scores_the_bundled_documents(installed, tmp_path):
 
 def test_bench_peers_compares_every_system_on_the_same_texts(installed, export_dir, tmp_path):
     """The HTTP test export served twice (by length and in arrival order), attnserve in process
-    and sentence-transformers in processes of their own, every system's vectors agreeing.
-    fastembed (a venv installed from the package index on first use) is left to the benchmark."""
+    and sentence-transformers (two batch sizes) in processes of their own, every request's
+    vectors agreeing (the bench stops on any that do not). fastembed and infinity (venvs installed
+    from the package index on first use) are left to the benchmark."""
     out = tmp_path / "peers.json"
     done = installed.run("bench", "peers", "--variant", HTTP_VARIANT, "--max-length", str(HTTP_MAX_LENGTH), "--models-dir",
                          str(EXPORTS_ROOT), "--peers", "sentence-transformers", "--texts", "12", "--request-texts", "4",
                          "--documents", "1", "--doc-tokens", "1024", "--concurrency", "1,2", "--rounds", "1", "--threads", "1",
+                         "--batch-sizes", "4,32",
                          "--out", str(out))
     summary = json.loads(out.read_text())["summary"]
     systems = {"attnserve HTTP", "attnserve HTTP, arrival order", "attnserve in process", "sentence-transformers"}
     assert {r["system"] for r in summary if r["workload"] == "short"} == systems
     assert {r["system"] for r in summary if r["workload"] == "documents"} == systems - {"attnserve HTTP, arrival order"}
+    # One document: documents run at concurrency 1 only (a second client would have none to send).
+    assert {r["concurrency"] for r in summary if r["workload"] == "documents"} == {1}
     for row in summary:
-        assert row["per_second"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
-        # Same model, same pooling: the same vectors (chunks over HTTP are cut by the server's
-        # own token bounds, not at the text's offsets, so they agree a little less).
-        assert row["cosine_to_st"] > (0.999 if row["workload"] == "short" or "HTTP" not in row["system"] else 0.99), row
+        assert row["per_second"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0 and row["min"] <= row["per_second"] <= row["max"]
+        # Same model, same pooling, the same chunks (HTTP: their spans): every request's vectors agree.
+        assert row["least_cosine"] >= 0.9999, row
     st = next(r for r in summary if r["system"] == "sentence-transformers")
-    assert st["over_best_peer"] == 1.0
+    assert st["over_best_peer"] == 1.0 and set(st["batch_sizes"]) == {"4", "32"}
+    record = json.loads(out.read_text())
+    assert record["document_tokens"] == [1024] and record["machine"]["cpus"] and record["versions"]["sentence-transformers"]
+    assert record["export"]["variant"] == HTTP_VARIANT and record["provider"] == "CPUExecutionProvider"
     assert "short: texts/s" in done.stdout and "documents: documents/s" in done.stdout
 
 

@@ -107,12 +107,14 @@ class ServerProcess:
     in a log file, stopped with SIGTERM. Benchmarks start `attnserve serve` through
     start_serve; the end-to-end tests start real and fake servers with it too."""
 
-    def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None):
+    def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None,
+                 python: str | None = None):
+        """`python` (default: this one) runs argv: another virtual environment's for a peer server."""
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-{port}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, **(env or {})}, stdout=self._log,
+        self.proc = subprocess.Popen([python or sys.executable, *argv], env={**os.environ, **(env or {})}, stdout=self._log,
                                      stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.25) -> "ServerProcess":
@@ -255,7 +257,8 @@ async def closed_loop(url: str, texts: list[str], clients: int, duration: float,
     """The load generator: `clients` workers each POST back to back to a loopback server until
     `duration` seconds are over or max_requests have been sent (0: no bound), then wait for the
     requests in flight. Each request picks its text at random (order="random", seeded by
-    worker) or worker w sends texts w, w + clients, ... in turn (order="cycle"); its body is
+    worker), worker w sends texts w, w + clients, ... in turn (order="cycle"), or the i-th request
+    started sends text i (order="sequence": with max_requests=len(texts), each text once); its body is
     payload(text) (default {"inputs": text}). After a 429 a worker waits `backoff` seconds, as
     a client should. A fraction `abandon` of the requests are given up by their client after
     0.05 to 1 s (it closes the connection, as an impatient client does); any other request
@@ -279,7 +282,9 @@ async def closed_loop(url: str, texts: list[str], clients: int, duration: float,
         turn = w
         while time.perf_counter() < stop_at and (not max_requests or count < max_requests):
             count += 1
-            if order == "cycle":
+            if order == "sequence":
+                index = (count - 1) % len(texts)
+            elif order == "cycle":
                 index, turn = turn % len(texts), turn + clients
             else:
                 index = rng.randrange(len(texts))
