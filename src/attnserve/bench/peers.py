@@ -14,8 +14,12 @@ One run, interleaved: the same all-MiniLM-L6-v2 embeds the same texts through
     all-MiniLM-L6-v2 files are (input_ids, attention_mask, token_type_ids -> last_hidden_state),
     its attention and layer norms fused by onnxruntime's transformer optimizer;
   - infinity (infinity-emb, a batching embedding server) in a virtual environment of its own,
-    serving the bundled model folder over HTTP with its torch engine on the CPU, at each of
-    --batch-sizes (its largest batch), asked by the same client as attnserve's server.
+    serving over HTTP on the CPU with each of its engines for a CPU, at each of --batch-sizes
+    (its largest batch), asked by the same client as attnserve's server: "infinity", its torch
+    engine on the bundled model folder; "infinity-onnx", its optimum (ONNX Runtime) engine, in a
+    virtual environment with optimum and onnxruntime, on fastembed's fused model folder (its own
+    optimisation step fails with optimum 2.x: OptimizationConfig has no
+    optimize_with_onnxruntime_only, so it is given the graph already fused and told not to).
 Nothing is downloaded but fastembed and infinity themselves, from the package index, on the
 first run.
 
@@ -65,10 +69,11 @@ FASTEMBED = ("fastembed==0.9.1", "onnxruntime==1.31.1")
 # infinity's pins (numpy<2, sentence-transformers<4, uvicorn<0.33, typer<0.13) clash with
 # attnserve's, so it gets a virtual environment of its own; torch is the CPU build attnserve pins.
 INFINITY = ("infinity-emb[server,torch]==0.0.78", "torch==2.13.0")
+INFINITY_ONNX = ("infinity-emb[server,optimum]==0.0.78", "torch==2.13.0", "onnxruntime==1.31.1")
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-PEERS = ("sentence-transformers", "fastembed", "infinity")
-HTTP_PEERS = ("infinity",)  # servers of their own, asked over HTTP by the same client as attnserve
+PEERS = ("sentence-transformers", "fastembed", "infinity", "infinity-onnx")
+HTTP_PEERS = ("infinity", "infinity-onnx")  # servers of their own, asked over HTTP by the same client as attnserve
 MIN_TOKENS = 8
 
 
@@ -170,14 +175,19 @@ def fastembed_python(peers_dir: Path) -> Path:
 
 def start_infinity(python: Path, model: Path, threads: int, batch_size: int, engine: str = "torch") -> ServerProcess:
     """infinity (`infinity_emb v2`) serving the model folder on a free loopback port, computing
-    with `threads` threads, its batches at most batch_size texts."""
+    with `threads` threads, its batches at most batch_size texts. The optimum engine runs in the
+    folder as model id "." (given a folder's absolute path, infinity 0.0.78 passes the ONNX
+    file's absolute path as optimum's file_name, which optimum 2.x cannot find)."""
     port = free_port()
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
-    argv = [str(python.parent / "infinity_emb"), "v2", "--model-id", str(model), "--served-model-name", "model",
+    onnx = engine == "optimum"
+    argv = [str(python.parent / "infinity_emb"), "v2", "--model-id", "." if onnx else str(model), "--served-model-name", "model",
             "--engine", engine, "--device", "cpu", "--batch-size", str(batch_size), "--host", "127.0.0.1", "--port", str(port),
+            # Its optimum engine pools by the first token unless told (the torch engine reads modules.json).
+            *(["--onnx-disable-optimize", "--pooling-method", "mean"] if onnx else []),
             "--log-level", "warning"]  # no access line per request, as attnserve serve by default
-    return ServerProcess(argv, port, env=env, python=str(python)).wait_ready(timeout=600)
+    return ServerProcess(argv, port, env=env, python=str(python), cwd=model if onnx else None).wait_ready(timeout=600)
 
 
 def onnx_model_folder(peers_dir: Path) -> Path:
@@ -341,17 +351,22 @@ def bench_peers(args) -> int:
     model = {"attnserve": export_dir, "sentence-transformers": model_dir()}
     if "fastembed" in peers:
         python["fastembed"], model["fastembed"] = fastembed_python(peers_dir), onnx_model_folder(peers_dir)
+    index = ("--extra-index-url", args.torch_index) if args.torch_index else ()
     if "infinity" in peers:
-        index = ("--extra-index-url", args.torch_index) if args.torch_index else ()
-        python["infinity"] = peer_python(peers_dir, "infinity", INFINITY, index)
+        python["infinity"], model["infinity"] = peer_python(peers_dir, "infinity", INFINITY, index), model_dir()
+    if "infinity-onnx" in peers:
+        python["infinity-onnx"] = peer_python(peers_dir, "infinity-onnx", INFINITY_ONNX, index)
+        model["infinity-onnx"] = onnx_model_folder(peers_dir)
     flags = ["--max-length", str(args.max_length), "--pooling", "mean", "--intra-op-threads", str(args.threads),
              "--tokenization-workers", "1", "--max-client-batch-size", str(max(64, args.request_texts))]
     servers, peer_servers, workers = {}, {}, {}
     try:
         servers["attnserve HTTP"] = start_serve(export_dir, *flags)
         servers["attnserve HTTP, arrival order"] = start_serve(export_dir, *flags, "--batch-order", "arrival")
-        for b in batch_sizes if "infinity" in peers else ():
-            peer_servers[("infinity", b)] = start_infinity(python["infinity"], model_dir(), args.threads, b)
+        for peer in (p for p in HTTP_PEERS if p in peers):
+            for b in batch_sizes:
+                engine = "optimum" if peer == "infinity-onnx" else "torch"
+                peer_servers[(peer, b)] = start_infinity(python[peer], model[peer], args.threads, b, engine)
         for system in dict.fromkeys(["attnserve", "sentence-transformers", *(p for p in peers if p not in HTTP_PEERS)]):
             workers["attnserve in process" if system == "attnserve" else system] = Worker(
                 system, python[system], model[system], args.threads)
@@ -406,7 +421,7 @@ def bench_peers(args) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "machine": machine(), "versions": versions(python),
                   "commit": commit(), "export": export_record(export_dir), "provider": provider,
-                  "fastembed_model": fastembed_record(model.get("fastembed")),
+                  "fastembed_model": fastembed_record(model.get("fastembed") or model.get("infinity-onnx")),
                   "document_tokens": doc_tokens, "short_tokens": [len(tokenizer.encode(t).ids) for r in work["short"] for t in r],
                   "summary": summary, "runs": runs}
         args.out.write_text(json.dumps(record, indent=1) + "\n")
@@ -469,7 +484,8 @@ def versions(python: dict) -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     wanted = {"fastembed": ("fastembed", "onnxruntime", "tokenizers", "numpy"),
-              "infinity": ("infinity-emb", "torch", "sentence-transformers", "transformers", "numpy", "uvicorn")}
+              "infinity": ("infinity-emb", "torch", "sentence-transformers", "transformers", "numpy", "uvicorn"),
+              "infinity-onnx": ("infinity-emb", "optimum", "optimum-onnx", "onnxruntime", "transformers", "numpy")}
     for peer, names in wanted.items():
         if peer in python:
             script = f"from importlib import metadata as m; import json; print(json.dumps({{n: m.version(n) for n in {names!r}}}))"
@@ -489,7 +505,8 @@ def commit() -> str | None:
 
 
 def fastembed_record(folder: Path | None) -> dict | None:
-    """fastembed's model: its folder and the operators onnxruntime's optimizer fused into it."""
+    """fastembed's (and infinity-onnx's) model: its folder and the operators onnxruntime's
+    optimizer fused into it."""
     if folder is None:
         return None
     return {"dir": str(folder), "fused_operators": json.loads((folder / "fused.json").read_text())}

@@ -108,14 +108,15 @@ class ServerProcess:
     start_serve; the end-to-end tests start real and fake servers with it too."""
 
     def __init__(self, argv: list[str], port: int, env: dict | None = None, log_path: Path | None = None,
-                 python: str | None = None):
-        """`python` (default: this one) runs argv: another virtual environment's for a peer server."""
+                 python: str | None = None, cwd: Path | None = None):
+        """`python` (default: this one) runs argv, in `cwd` (default: this one's): another virtual
+        environment's for a peer server."""
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"attnserve-{port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([python or sys.executable, *argv], env={**os.environ, **(env or {})}, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, cwd=cwd)
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.25) -> "ServerProcess":
         """Wait until /health answers 200; on failure stop the process and raise with its log."""
