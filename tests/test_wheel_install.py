@@ -265,6 +265,7 @@ def test_bench_peers_compares_every_system_on_the_same_texts(installed, export_d
     assert st["over_best_peer"] == 1.0 and set(st["batch_sizes"]) == {"4", "32"}
     record = json.loads(out.read_text())
     assert record["document_tokens"] == [1024] and record["machine"]["cpus"] and record["versions"]["sentence-transformers"]
+    assert record["machine"]["cpu"] and record["threads"] == 1
     assert record["export"]["variant"] == HTTP_VARIANT and record["provider"] == "CPUExecutionProvider"
     assert "short: texts/s" in done.stdout and "documents: documents/s" in done.stdout
 

@@ -179,7 +179,7 @@ def bench_model(args) -> int:
     for row in tqdm(rows, desc="peak memory", unit="run"):
         export_dir = None if row["system"] == TRANSFORMERS else exports[row["system"]][1]
         row["peak_extra_bytes"] = measure_peak(row["system"], folder, export_dir, threads, row["tokens"])
-    report = {"model": folder.describe(), "cpu": _cpu(), "threads": threads, "repeats": args.repeats, "rows": rows,
+    report = {"model": folder.describe(), "cpu": cpu_model(), "threads": threads, "repeats": args.repeats, "rows": rows,
               "versions": {name: _version(name) for name in ("torch", "transformers", "onnxruntime", "attnserve")}}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(table(rows)))
@@ -232,7 +232,8 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
     try:
         return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):

@@ -420,7 +420,7 @@ def bench_peers(args) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "machine": machine(), "versions": versions(python),
-                  "commit": commit(), "export": export_record(export_dir), "provider": provider,
+                  "commit": commit(), "export": export_record(export_dir), "provider": provider, "threads": args.threads,
                   "fastembed_model": fastembed_record(model.get("fastembed") or model.get("infinity-onnx")),
                   "document_tokens": doc_tokens, "short_tokens": [len(tokenizer.encode(t).ids) for r in work["short"] for t in r],
                   "summary": summary, "runs": runs}
@@ -470,9 +470,9 @@ def summarize(runs: list[dict], peers: list[str]) -> list[dict]:
 
 # -- what the run ran on ---------------------------------------------------------------------------
 def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
-    return {"cpu": model, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    from attnserve.bench.model_speed import cpu_model
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def versions(python: dict) -> dict:
