@@ -46,7 +46,12 @@ def test_manifest_describes_the_export(export):
     assert manifest["versions"]["torch"] == torch.__version__ and manifest["versions"]["onnx"] == onnx.__version__
     model = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
-    assert [o.name for o in model.graph.output] == ["sentence_embedding", "last_hidden_state", "rank_collapse"]
+    # The embedding graph computes nothing else (ONNX Runtime runs every node on every call);
+    # the per-layer rank collapse is the analysis graph's last output.
+    assert [o.name for o in model.graph.output] == ["sentence_embedding", "last_hidden_state"]
+    assert manifest["graphs"]["analysis"]["outputs"][-1] == "rank_collapse"
+    analysis = onnx.load(str(export_dir / "analysis.onnx"), load_external_data=False)
+    assert [o.name for o in analysis.graph.output] == manifest["graphs"]["analysis"]["outputs"]
     for value in model.graph.input:  # batch and sequence stayed symbolic
         assert value.type.tensor_type.elem_type == onnx.TensorProto.INT64
         assert all(d.dim_param for d in value.type.tensor_type.shape.dim)
@@ -79,15 +84,35 @@ def test_io_binding_path_gives_the_same_outputs(runner, monkeypatch):
     """The IO-binding path (what runs on CUDA) bound to host memory, the only device this
     machine has: same outputs as session.run, for both graphs."""
     ids, mask = padded_batch([300, 77], seed=6)
-    outputs = ("sentence_embedding", "last_hidden_state", "rank_collapse")
+    outputs = ("sentence_embedding", "last_hidden_state")
     plain = runner.run(ids, mask, outputs)
-    plain_map = runner.attention(ids, mask, 2)
+    plain_map, plain_ratios = runner.attention(ids, mask, 2), runner.rank_collapse(ids, mask)
     monkeypatch.setattr(runner, "io_binding_device", "cpu")
     bound = runner.run(ids, mask, outputs)
     for name in outputs:
         np.testing.assert_array_equal(bound[name], plain[name])
     for got, expected in zip(runner.attention(ids, mask, 2), plain_map):
         np.testing.assert_array_equal(got, expected)
+    assert runner.rank_collapse(ids, mask) == plain_ratios
+
+
+def test_a_map_and_its_rank_collapse_take_one_run_of_the_analysis_graph(runner, monkeypatch):
+    """/attention answers a map and the text's rank collapse: the ratios come from the map's
+    own run (the analysis graph's last output), and are the same as a run of their own."""
+    ids, mask = padded_batch([300], seed=7)
+    runs = []
+    session = runner._lazy_session("analysis")
+    monkeypatch.setattr(runner, "_run", lambda s, names, *a, _run=runner._run: runs.append(names) or _run(s, names, *a))
+    runner._last_ratios.clear()
+    alone = runner.rank_collapse(ids, mask)
+    assert runs == [["rank_collapse"]]
+    runner.attention(ids, mask, 1)
+    assert runs[-1][-1] == "rank_collapse" and len(runs) == 2
+    assert runner.rank_collapse(ids, mask) == alone and len(runs) == 2  # reused, not run again
+    other = padded_batch([200], seed=8)
+    assert runner.rank_collapse(*other) != alone and len(runs) == 3  # another text runs
+    assert session is runner._lazy_session("analysis")
+    assert len(alone) == runner.num_layers and all(0 < r <= 1.5 for r in alone)
 
 
 def test_embed_matches_the_encoder_on_real_text(export, runner):

@@ -150,7 +150,7 @@ def test_variants_command_says_where_each_is_exact():
 # --------------------------------------------------------------------------- the short graph
 
 VARIANT, MAX_LENGTH, SHORT = "longformer", 512, 258
-OUTPUTS = ("sentence_embedding", "last_hidden_state", "rank_collapse")
+OUTPUTS = ("sentence_embedding", "last_hidden_state")
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +229,6 @@ def test_both_graphs_give_the_same_outputs_for_short_inputs(runner, export):
     real = mask.astype(bool)
     assert np.abs(short["sentence_embedding"] - padded["sentence_embedding"]).max() <= 1e-4
     assert np.abs(short["last_hidden_state"] - padded["last_hidden_state"])[real].max() <= 1e-3
-    np.testing.assert_allclose(short["rank_collapse"], padded["rank_collapse"], atol=1e-4)
-    assert runner.rank_collapse(ids, mask) == pytest.approx(main.rank_collapse(ids, mask), abs=1e-4)
 
 
 def test_padded_length_is_what_runs(runner):

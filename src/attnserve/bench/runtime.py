@@ -104,15 +104,16 @@ def _available_bytes() -> int:
     return 1 << 40
 
 
-def _ort_dense_bytes(variant: str, batch: int, length: int, heads: int, config) -> int:
-    """Memory ONNX Runtime's CPU Attention op needs for a variant that scores every query
-    against O(N) keys at once (`Attention.dense_keys`): it allocates the (B, H, N, keys) float
-    scores of the HEADS_PER_NODE heads of one Attention node, counted twice to be safe."""
-    from attnserve.export.graphs import HEADS_PER_NODE
+def _ort_dense_bytes(provider: str, batch: int, length: int, heads: int, config) -> int:
+    """Memory ONNX Runtime needs for the scores of a variant that scores every query against
+    O(N) keys at once (`Attention.dense_keys`), in its MultiHeadAttention node: none to speak of
+    on the CPU, whose flash kernel goes through the keys in blocks; elsewhere (CUDA's float32
+    kernel) the (B, H, N, keys) float scores of all the heads, counted twice to be safe."""
     from attnserve.models.registry import dense_keys
 
-    keys = dense_keys(config, length)
-    return 2 * batch * min(heads, HEADS_PER_NODE) * length * keys * 4
+    if provider == "CPUExecutionProvider":
+        return 0
+    return 2 * batch * heads * length * dense_keys(config, length) * 4
 
 
 def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads=0, exports_dir=None, optimize=False,
@@ -146,9 +147,9 @@ def bench_runtime(variants, lengths, batch=1, repeats=3, long_repeats=1, threads
             encoder(warm_ids, warm_mask)
         runner.embed(warm_ids.numpy(), warm_mask.numpy())
         for length in lengths:
-            need = _ort_dense_bytes(variant, batch, length, encoder.shape.num_heads, encoder.attention_config)
+            need = _ort_dense_bytes(runner.provider, batch, length, encoder.shape.num_heads, encoder.attention_config)
             if need > 0.6 * _available_bytes():
-                log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's CPU Attention kernel materialises "
+                log(f"{variant:12s} {length:6d}  skipped: ONNX Runtime's {runner.provider} attention kernel materialises "
                     f"N x N scores per head (~{need / 2**30:.0f} GiB), more than this machine has free")
                 rows.append({"variant": variant, "length": length, "skipped": f"needs ~{need / 2**30:.0f} GiB in ORT"})
                 continue

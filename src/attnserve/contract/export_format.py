@@ -5,8 +5,10 @@ through it; it needs numpy and pydantic only (no torch, nothing from attnserve.m
 is the one module both sides import. An export directory holds:
 
     model.onnx (+ model.onnx.data)       the embedding graph: input_ids, attention_mask ->
-                                         sentence_embedding, last_hidden_state, rank_collapse
-    analysis.onnx (+ analysis.onnx.data) the attention maps of every layer, compact form
+                                         sentence_embedding, last_hidden_state (exports made
+                                         before analysis.onnx held it: rank_collapse too)
+    analysis.onnx (+ analysis.onnx.data) the attention maps of every layer, compact form, and
+                                         rank_collapse (one ratio per layer)
     collapse.onnx (+ collapse.onnx.data) written with analysis.onnx: the rank-collapse ratio
                                          per layer along each path of graphs.collapse.paths
     short.onnx (+ short.onnx.data)       only for variants exact on short inputs: the embedding
@@ -39,7 +41,11 @@ TOKENIZER_FILE = "tokenizer.json"
 GRAPH_FILES = ("model.onnx", "model.onnx.data", "analysis.onnx", "analysis.onnx.data", "collapse.onnx", "collapse.onnx.data",
                "short.onnx", "short.onnx.data")
 INPUT_NAMES = ["input_ids", "attention_mask"]
-EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state", "rank_collapse"]
+EMBEDDING_OUTPUTS = ["sentence_embedding", "last_hidden_state"]
+# Each layer's rank-collapse ratio, (batch, num_layers): an output of the analysis graph, computed
+# beside the maps (in the embedding graph it held every layer's output until the last layer and
+# slowed every embedding; exports made before still have it there, and are served as they are).
+RANK_COLLAPSE_OUTPUT = "rank_collapse"
 MIN_LENGTH = 2
 # The paths through the same weights that "Attention is not all you need" (Dong, Cordonnier and
 # Loukas 2021) compares, each a collapse graph output: the model itself; attention_only (skip

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from attnserve.contract.export_format import (
-    DEFAULT_PRECISION, EMBEDDING_OUTPUTS, FORMAT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, PRECISIONS,
+    DEFAULT_PRECISION, EMBEDDING_OUTPUTS, FORMAT, RANK_COLLAPSE_OUTPUT, GRAPH_FILES, INPUT_NAMES, META_FILE, MIN_LENGTH, MANIFEST_FILE, PRECISIONS,
     TOKENIZER_FILE, Manifest, file_records, read_manifest, recipe_sha256, write_manifest)
 from attnserve.export.graphs import (
     COLLAPSE_OUTPUTS, OPSET, AnalysisGraph, CollapseGraph, EmbeddingGraph, ExportFailed, analysis_layout, export_graph,
@@ -218,6 +218,7 @@ def _export_float32(encoder: Encoder, recipe: Recipe, out_dir, *, verify: bool, 
                 piece_names = {part: f"attn{layer}_{piece}_{part}" for part in ("rows", "cols", "probs")}
                 names += list(piece_names.values())
                 attention[-1].append(piece_names)
+        names.append(RANK_COLLAPSE_OUTPUT)
         with torch.no_grad():
             export_graph(AnalysisGraph(traced).eval(), out_dir / "analysis.onnx", names, multiple, capacity,
                           max_batch, opset, optimize, log)
@@ -266,7 +267,8 @@ def _export_float32(encoder: Encoder, recipe: Recipe, out_dir, *, verify: bool, 
                                    "note": f"{shape.pooling}-pooled{', L2-normalised' if shape.normalize else ''}"},
             "last_hidden_state": {"dtype": "float32", "shape": ["batch", "sequence", shape.hidden_size]},
             "rank_collapse": {"dtype": "float32", "shape": ["batch", shape.num_layers],
-                              "note": "||X - 1 x^T|| / ||X|| per layer over real tokens, sqrt(l1 * linf) norm"},
+                              "note": "||X - 1 x^T|| / ||X|| per layer over real tokens, sqrt(l1 * linf) norm; "
+                                      "an output of analysis.onnx"},
         },
         "graphs": graphs,
         "files": files,

@@ -3,7 +3,7 @@
 EmbeddingGraph (model.onnx, and short.onnx over a full-attention copy of the encoder),
 AnalysisGraph (analysis.onnx) and CollapseGraph (collapse.onnx) wrap the PyTorch encoder;
 export_graph traces one with torch.export and converts it with torch.onnx, under
-onnx_friendly_attention (the SDPA rewrite ONNX Runtime's fused Attention needs) and checks
+onnx_friendly_attention (attention over all keys as ONNX Runtime's MultiHeadAttention) and checks
 what came out.
 
 Dynamic shapes. Batch and sequence are dynamic axes. The block-sparse variants pad the
@@ -37,11 +37,11 @@ from attnserve.models.attention.full import FullConfig
 from attnserve.models.registry import build_attention
 from attnserve.contract.export_format import INPUT_NAMES
 
-# Opset 23 turns scaled_dot_product_attention into one ONNX `Attention` node, which ONNX
-# Runtime 1.31 runs fused on CPU (checked by the parity tests; 18 would decompose it into
-# MatMul/Softmax and materialise the scores).
+# Opset 23: the graphs' standard operators. The attention over all N keys is ONNX Runtime's
+# com.microsoft MultiHeadAttention (see onnx_friendly_attention); the block-sparse variants'
+# masked blocks stay opset 23's Attention.
 OPSET = 23
-HEADS_PER_NODE = 2  # heads per ONNX Attention node over all N keys (see onnx_friendly_attention)
+ORT_DOMAIN = "com.microsoft"
 
 
 class ExportFailed(RuntimeError):
@@ -49,18 +49,17 @@ class ExportFailed(RuntimeError):
 
 
 class EmbeddingGraph(nn.Module):
-    """What model.onnx computes: the encoder's forward plus each layer's rank-collapse ratio
-    (a few reductions per layer, nothing next to the attention)."""
+    """What model.onnx computes: the encoder's forward, nothing else. ONNX Runtime runs every
+    node whatever outputs are asked for, so anything added here (the rank-collapse ratios were,
+    once) costs every embedding: they took 4% of the time of ModernBERT-base at 4,096 tokens,
+    and held each layer's output until the last layer, 0.5 GB at 8,192."""
 
     def __init__(self, encoder: Encoder):
         super().__init__()
         self.encoder = encoder
 
     def forward(self, input_ids, attention_mask):
-        states: list[torch.Tensor] = []
-        embedding, last = self.encoder(input_ids, attention_mask, hidden_states=states)
-        key_valid = attention_mask.bool()
-        return embedding, last, torch.stack([rank_collapse_ratio(x, key_valid) for x in states], dim=1)
+        return self.encoder(input_ids, attention_mask)
 
 
 def _compact(weights) -> list[torch.Tensor]:
@@ -79,7 +78,8 @@ def _compact(weights) -> list[torch.Tensor]:
 class AnalysisGraph(nn.Module):
     """What analysis.onnx computes: every layer's attention weights in the variant's compact
     form (see models.attention.base.SlotWeights): for layer l and piece p the outputs
-    attn{l}_{p}_rows, attn{l}_{p}_cols, attn{l}_{p}_probs."""
+    attn{l}_{p}_rows, attn{l}_{p}_cols, attn{l}_{p}_probs; then each layer's rank-collapse
+    ratio, (B, num_layers), the last output (RANK_COLLAPSE_OUTPUT)."""
 
     def __init__(self, encoder: Encoder):
         super().__init__()
@@ -89,11 +89,12 @@ class AnalysisGraph(nn.Module):
         key_valid = attention_mask.bool()
         # The mask too: positions and query scaling follow each document's own length.
         x = self.encoder.embeddings(input_ids, attention_mask)
-        outputs = []
+        outputs, ratios = [], []
         for layer in self.encoder.layers:
             x, weights = layer(x, key_valid, need_weights=True)
             outputs += _compact(weights)
-        return tuple(outputs)
+            ratios.append(rank_collapse_ratio(x, key_valid))
+        return (*outputs, torch.stack(ratios, dim=1))
 
 
 class CollapseGraph(nn.Module):
@@ -184,42 +185,94 @@ def _dynamic_shapes(multiple: int, capacity: int, max_batch: int):
     return {"input_ids": axes, "attention_mask": axes}
 
 
+_SDPA = F.scaled_dot_product_attention  # the real kernel, whatever onnx_friendly_attention patches
+
+
+@torch.library.custom_op("attnserve::unmasked_attention", mutates_args=())
+def unmasked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v of (B, heads, S, Dq) queries over (B, heads, L, Dq) keys and
+    (B, heads, L, Dv) values, no mask: what ONNX Runtime's MultiHeadAttention runs (in
+    PyTorch, scaled_dot_product_attention)."""
+    return _SDPA(query, key, value, scale=scale)
+
+
+@unmasked_attention.register_fake
+def _(query, key, value, heads, scale):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+def _multi_head_attention_schema() -> None:
+    """The part of ONNX Runtime's com.microsoft MultiHeadAttention (version 1) these graphs use,
+    registered with onnx so that onnxscript can build the node and onnx.checker check it: query,
+    key and value (B, S|L, heads * D), attributes num_heads and scale. ONNX Runtime defines the
+    whole operator; onnx ships no schema for its contrib operators."""
+    import onnx
+    from onnx.defs import OpSchema
+
+    if onnx.defs.has("MultiHeadAttention", 1, ORT_DOMAIN):
+        return
+    tensor = ("T", ["tensor(float)", "tensor(float16)"], "float tensors")
+    onnx.defs.register_schema(OpSchema(
+        "MultiHeadAttention", ORT_DOMAIN, 1,
+        inputs=[OpSchema.FormalParameter(name, "T") for name in ("query", "key", "value")],
+        outputs=[OpSchema.FormalParameter("output", "T")], type_constraints=[tensor],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "score scale")]))
+
+
+def _unmasked_attention_onnx(query, key, value, heads: int, scale: float):
+    """unmasked_attention as ONNX: (B, H, S, D) -> (B, S, H * D), MultiHeadAttention, and back.
+    On CPU, ONNX Runtime runs an unmasked MultiHeadAttention with its flash kernel, which goes
+    through the keys in blocks and never stores the N x N scores (opset 23's Attention does)."""
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    ms = onnxscript.values.Opset(ORT_DOMAIN, 1)
+    flat = op.Constant(value_ints=[0, 0, -1])
+
+    def sequence_major(x):
+        return op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]), flat)
+
+    out = ms.MultiHeadAttention(sequence_major(query), sequence_major(key), sequence_major(value), num_heads=heads, scale=scale)
+    return op.Transpose(op.Reshape(out, op.Constant(value_ints=[0, 0, heads, -1])), perm=[0, 2, 1, 3])
+
+
+CUSTOM_TRANSLATIONS = {torch.ops.attnserve.unmasked_attention.default: _unmasked_attention_onnx}
+
+
 @contextlib.contextmanager
 def onnx_friendly_attention():
-    """While exporting: scaled_dot_product_attention calls whose mask broadcasts over the
-    queries (shape (..., 1, N), e.g. a key-padding mask) are rewritten so that ONNX Runtime
-    can run them. ORT 1.31's fused Attention op (opset 23) requires the mask's query dimension
-    to equal the query length, and expanding the mask would build an N x N tensor; instead the
+    """While exporting: scaled_dot_product_attention calls with no mask, or with one that
+    broadcasts over the queries (shape (..., 1, N), e.g. a key-padding mask), become
+    unmasked_attention, which exports as ONNX Runtime's MultiHeadAttention: its CPU flash kernel
+    keeps the memory of one call O(N) where opset 23's Attention stores every head's N x N
+    scores (12.9 GB at 16,384 tokens), and it runs faster. That kernel takes no mask, so the
     mask becomes one extra key feature: q' = [q, 1], k' = [k, mask / scale], so that
-    q'.k' * scale = q.k * scale + mask, exactly the masked scores, with O(N) memory. Eager
-    PyTorch is untouched (only the traced graph sees this)."""
-    original = F.scaled_dot_product_attention
+    q'.k' * scale = q.k * scale + mask, exactly the masked scores. Eager PyTorch is untouched
+    (only the traced graph sees this)."""
+    _multi_head_attention_schema()
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-        if attn_mask is None or attn_mask.dim() < 2 or not (isinstance(attn_mask.shape[-2], int) and attn_mask.shape[-2] == 1):
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        key_mask = attn_mask is not None and attn_mask.dim() >= 2 and isinstance(attn_mask.shape[-2], int) and attn_mask.shape[-2] == 1
+        if (attn_mask is not None and not key_mask) or is_causal or dropout_p or kwargs or query.dim() != 4:
+            return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
         scale = query.shape[-1] ** -0.5 if scale is None else scale
-        if attn_mask.dtype == torch.bool:
-            bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(~attn_mask, MASKED)
-        else:
-            bias = attn_mask.to(query.dtype)
-        # (..., 1, N) -> (..., N, 1), broadcast to key's leading dims.
-        column = (bias / scale).transpose(-1, -2).expand(*key.shape[:-1], 1)
-        query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
-        key = torch.cat([key, column], dim=-1)
-        # ORT's CPU Attention kernel also stores the scores of all the heads it is given at
-        # once (12 x N x N floats: 12.9 GB at 16,384 tokens); a few heads per node bound that.
-        parts = [
-            original(*(x[:, h : h + HEADS_PER_NODE] for x in (query, key, value)), dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
-            for h in range(0, query.shape[1], HEADS_PER_NODE)
-        ]
-        return torch.cat(parts, dim=1)
+        if key_mask:
+            if attn_mask.dtype == torch.bool:
+                bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(~attn_mask, MASKED)
+            else:
+                bias = attn_mask.to(query.dtype)
+            # (..., 1, N) -> (..., N, 1), broadcast to key's leading dims.
+            column = (bias / scale).transpose(-1, -2).expand(*key.shape[:-1], 1)
+            query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
+            key = torch.cat([key, column], dim=-1)
+        return unmasked_attention(query, key, value, int(query.shape[1]), float(scale))
 
     F.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = original
+        F.scaled_dot_product_attention = _SDPA
 
 
 @contextlib.contextmanager
@@ -261,7 +314,7 @@ def export_graph(module: nn.Module, path: Path, output_names: list[str], multipl
         with quiet_converter():
             onnx_program = torch.onnx.export(
                 program, args, dynamo=True, opset_version=opset, input_names=list(INPUT_NAMES),
-                output_names=output_names, optimize=optimize, verbose=False,
+                output_names=output_names, optimize=optimize, verbose=False, custom_translation_table=CUSTOM_TRANSLATIONS,
             )
         onnx_program.save(str(path), external_data=True)
     except Exception as exc:

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.service.attention_maps import MapCost, compact_to_coo, map_cost  # noqa: F401 - compact_to_coo is part of this module's API
-from attnserve.contract.export_format import ExportError, Manifest, check_collapse_paths, check_files, pad_to, padded_width, read_manifest
+from attnserve.contract.export_format import (
+    RANK_COLLAPSE_OUTPUT, ExportError, Manifest, check_collapse_paths, check_files, pad_to, padded_width, read_manifest)
 
 log = logging.getLogger("attnserve")
 
@@ -146,6 +147,8 @@ class OnnxRunner:
         self.collapse_max_length: int = collapse.max_length if collapse else 0
         self.collapse_paths: list[str] = list(collapse.paths) if collapse else []
         self._lazy: dict[str, object] = {}
+        # The first input's rank-collapse ratios from the last analysis run, by its padded ids and mask.
+        self._last_ratios: dict[tuple[bytes, bytes], np.ndarray] = {}
         self._lazy_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sessions
@@ -293,9 +296,20 @@ class OnnxRunner:
         return self.run(input_ids, attention_mask, ("last_hidden_state",))["last_hidden_state"]
 
     def rank_collapse(self, input_ids, attention_mask) -> list[float]:
-        """Per layer, ||X - 1 x^T|| / ||X|| of the first document's real tokens."""
-        ratios = self.run(input_ids, attention_mask, ("rank_collapse",))["rank_collapse"]
-        return [float(r) for r in ratios[0]]
+        """Per layer, ||X - 1 x^T|| / ||X|| of the first document's real tokens: from the
+        analysis graph (its run for attention() of the same input is reused), or from the
+        embedding graph of an export made before analysis.onnx held it."""
+        if RANK_COLLAPSE_OUTPUT in self.export_manifest.graphs.embedding.outputs:
+            return [float(r) for r in self.run(input_ids, attention_mask, (RANK_COLLAPSE_OUTPUT,))[RANK_COLLAPSE_OUTPUT][0]]
+        self._require_analysis()
+        ids, mask, _ = self._prepare(input_ids, attention_mask)
+        ids, mask = ids[:1], mask[:1]
+        key = (ids.tobytes(), mask.tobytes())
+        ratios = self._last_ratios.get(key)
+        if ratios is None:
+            self._check_map_length(int(mask[0].sum()))
+            ratios = self._run(self._lazy_session("analysis"), [RANK_COLLAPSE_OUTPUT], ids, mask)[0][0]
+        return [float(r) for r in ratios]
 
     def collapse(self, input_ids, attention_mask, paths) -> dict[str, list[float]]:
         """{path: the rank-collapse ratio of the embeddings' output, then of each layer's output
@@ -364,5 +378,11 @@ class OnnxRunner:
         session = self._lazy_session("analysis")
         per_layer = [self.export_manifest.graphs.analysis.attention[layer] for layer in layers]
         names = [piece[part] for pieces in per_layer for piece in pieces for part in ("rows", "cols", "probs")]
-        values = iter(self._run(session, names, ids, mask))
+        # The run computes every output anyway: the first input's rank-collapse ratios are kept
+        # for rank_collapse() of the same input (a map's answer carries them).
+        collapse = RANK_COLLAPSE_OUTPUT in self.export_manifest.graphs.analysis.outputs
+        values = self._run(session, names + [RANK_COLLAPSE_OUTPUT] * collapse, ids, mask)
+        if collapse:
+            self._last_ratios = {(ids[:1].tobytes(), mask[:1].tobytes()): values.pop()[0]}
+        values = iter(values)
         return [[(next(values), next(values), next(values)) for _ in pieces] for pieces in per_layer]

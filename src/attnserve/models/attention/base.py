@@ -130,9 +130,10 @@ class Attention(nn.Module):
     def dense_keys(cls, config: AttentionConfig, n: int) -> int:
         """How many keys each of the n queries scores in one dense attention call: n (or n /
         stride) for the variants whose `cost` is O(N^2 ...), 0 for those that never score every
-        query against O(N) keys at once. A fused attention kernel holds (batch, heads, n, this)
-        scores while it runs, which is what bounds the longest input such a variant can take in
-        a given amount of memory (attnserve/bench/runtime.py skips lengths past it)."""
+        query against O(N) keys at once. An attention kernel that stores its scores (not ONNX
+        Runtime's flash kernel on CPU) holds (batch, heads, n, this) of them while it runs, which
+        is what bounds the longest input such a variant can take in a given amount of memory
+        (attnserve/bench/runtime.py skips lengths past it)."""
         return 0
 
     @classmethod
