@@ -58,8 +58,8 @@ def band_block(half: int, copied_context: bool = False) -> int:
     keys appended) favours half / 2: there each copy costs as much as the keys it holds, so
     fewer, larger copies win over wasting fewer masked keys (`attnserve bench encoder` shows
     both choices). An exported graph always copies: ONNX has no strided views, so the view
-    becomes a Gather of every block's context (9 copies of the keys and values at half / 4,
-    0.2 GB a layer for ModernBERT-base at 8,192 tokens; 5 at half / 2)."""
+    becomes a Gather of every block's context (9 copies of the keys and of the values at
+    half / 4, 0.4 GB a layer for ModernBERT-base at 8,192 tokens; 5 at half / 2)."""
     copied_context = copied_context or torch.compiler.is_exporting()
     return max(16, half // 2 if copied_context else half // 4)
 
