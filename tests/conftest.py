@@ -60,3 +60,13 @@ def export_dir() -> Path:
     served = ensure_export(Settings(variant=HTTP_VARIANT, max_length=HTTP_MAX_LENGTH, models_dir=EXPORTS_ROOT))
     assert served == cached, f"serve looks for {served}, the cache made {cached}"
     return served
+
+
+@pytest.fixture(scope="session")
+def two_layer_minilm(tmp_path_factory) -> Path:
+    """The bundled MiniLM cut to its first two layers (model_folders.minilm_folder), for the
+    tests of a graph's faithfulness: the same weights every run, so its exports come from the
+    suite's cache."""
+    from model_folders import minilm_folder
+
+    return minilm_folder(tmp_path_factory.mktemp("models") / "minilm-2-layers")

@@ -27,29 +27,31 @@ UNUSED_DAYS = 14  # exports of code no run has used for this long are removed
 _ENCODERS: dict[tuple, object] = {}
 
 
-def export_path(variant: str, max_length: int, *, analysis: bool = True, params: dict | None = None) -> Path:
-    """The cached export (made now if missing) of `variant` at `max_length`; the tests compare
-    ONNX Runtime with PyTorch themselves, so the export-time check is skipped."""
+def export_path(variant: str, max_length: int, *, analysis: bool = True, params: dict | None = None,
+                model: Path | None = None) -> Path:
+    """The cached export (made now if missing) of `variant` at `max_length` over `model` (a
+    folder; None: the bundled MiniLM); the tests compare ONNX Runtime with PyTorch themselves,
+    so the export-time check is skipped."""
     import torch
 
     from attnserve.export.exporter import cached_export
     from attnserve.export.recipe import Recipe
 
     torch.set_num_threads(2)
-    recipe = Recipe.resolve(variant, params, max_length, analysis=analysis)
+    recipe = Recipe.resolve(variant, params, max_length, model=model, analysis=analysis)
     return cached_export(EXPORTS_ROOT, recipe, verify=False, log=lambda message: None)
 
 
-def get_export(variant: str, max_length: int, analysis: bool = False, **params):
+def get_export(variant: str, max_length: int, analysis: bool = False, model: Path | None = None, **params):
     """(export_dir, encoder): the cached export and a PyTorch encoder of the same recipe (loads
     are deterministic: tests/test_encoder.py::test_two_loads_are_identical)."""
     from attnserve.export.recipe import Recipe
 
-    analysis = analysis or (variant, max_length) == (SHARED_VARIANT, SHARED_MAX_LENGTH)
-    export_dir = export_path(variant, max_length, analysis=analysis, params=params)
-    key = (variant, max_length, tuple(sorted(params.items())))
+    analysis = analysis or (variant, max_length, model) == (SHARED_VARIANT, SHARED_MAX_LENGTH, None)
+    export_dir = export_path(variant, max_length, analysis=analysis, params=params, model=model)
+    key = (variant, max_length, model, tuple(sorted(params.items())))
     if key not in _ENCODERS:
-        _ENCODERS[key] = Recipe.resolve(variant, params, max_length).encoder()
+        _ENCODERS[key] = Recipe.resolve(variant, params, max_length, model=model).encoder()
     return export_dir, _ENCODERS[key]
 
 

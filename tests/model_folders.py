@@ -7,6 +7,7 @@ them. Seeded, so a folder's weights (and the export cache's key) are the same ev
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -162,3 +163,29 @@ def hub_cache(root: Path) -> Path:
     (repo / "refs" / "main").write_text(HUB_MAIN)
     (repo / "refs" / "v1").write_text(HUB_TAGGED)
     return root
+
+
+def minilm_folder(folder: Path, layers: int = 2) -> Path:
+    """The bundled all-MiniLM-L6-v2 cut to its first `layers` layers: its own trained weights,
+    tokenizer and pooling files, config.json's num_hidden_layers set to match. What makes an
+    export faithful is per layer, so two trained layers test it on real attention patterns at
+    a third of the six layers' export and run time."""
+    from safetensors.numpy import load_file, save_file
+
+    from attnserve.models.pretrained import model_dir
+
+    source = model_dir()
+    if folder.exists():
+        shutil.rmtree(folder)
+    rewritten = {"model.safetensors", "config.json", "README.md"}
+    shutil.copytree(source, folder, ignore=lambda where, names: rewritten & set(names) if Path(where) == source else set())
+    config = json.loads((source / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    def layer(name: str) -> int:  # encoder.layer.3.attention... -> 3; -1 outside the layers
+        match = re.search(r"\.layer\.(\d+)\.", name)
+        return int(match.group(1)) if match else -1
+
+    kept = {name: tensor for name, tensor in load_file(source / "model.safetensors").items() if layer(name) < layers}
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder

@@ -113,20 +113,21 @@ def test_an_export_dir_of_another_precision_is_refused_where_one_is_named():
         check_export_fits(export_dir, Settings(export_dir=export_dir, precision="float16"))
 
 
-def test_float16_keeps_index_arithmetic_in_float32():
+def test_float16_keeps_index_arithmetic_in_float32(two_layer_minilm):
     """Linformer turns positions into gather indices through float arithmetic: rounded to
-    float16, indices past 2,048 collide (onnxruntime.transformers.float16 fails here)."""
+    float16, indices past 2,048 collide (onnxruntime.transformers.float16 fails here). On the
+    parity test's two-layer export (tests/test_export_parity.py)."""
     from attnserve.export.exporter import convert_export
     from attnserve.export.recipe import Recipe
     from attnserve.contract.export_format import read_manifest
 
-    base, encoder = get_export("linformer", 2050)
+    base, encoder = get_export("linformer", 2050, model=two_layer_minilm)
     out = base.parent / f".{base.name}-float16-test"
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
     try:
-        recipe = Recipe.resolve("linformer", {}, 2050, analysis=False, precision="float16")
+        recipe = Recipe.resolve("linformer", {}, 2050, model=two_layer_minilm, analysis=False, precision="float16")
         convert_export(base, out, recipe, encoder, log=lambda message: None)
         assert read_manifest(out).verified["min_cosine_sentence_embedding"] >= 0.999
     finally:

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 
 def test_a_group_runs_on_one_worker_with_the_installed_pytest_and_xdist(tmp_path):
