@@ -72,3 +72,21 @@ def test_a_foreign_folder_in_the_way_is_refused_and_kept(tmp_path, fake_exports)
         cached(tmp_path, "local", {}, 512)
     assert (target / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [target.name]
+
+
+def test_the_code_digest_follows_the_code_not_the_words_about_it():
+    """code_sha256 reads every models/ and export/ source through code_tokens: a comment, a blank
+    line or a docstring edited makes no new export; any change to the code does."""
+    from attnserve.contract.export_format import code_tokens
+
+    source = b'"""A module."""\nimport torch  # the one import\n\n\ndef band(x, half):\n    """Doc."""\n    return x[..., :half]\n'
+    reworded = (b'"""The module, said again\nover two lines."""\nimport torch\n\ndef band(x, half):\n'
+                b'    """Other words."""\n    # a comment of its own\n    return x[..., :half]  # and one here\n')
+    assert code_tokens(reworded) == code_tokens(source)
+    # A statement that is a lone string computes nothing, wherever it stands.
+    assert code_tokens(source.replace(b"    return", b'    "a note"\n    return')) == code_tokens(source)
+    for changed in (source.replace(b":half", b":half + 1"), source.replace(b"import torch", b"import numpy"),
+                    source.replace(b"return x", b'return "x"')):
+        assert code_tokens(changed) != code_tokens(source), changed
+    # Source that does not tokenize is hashed as it is.
+    assert code_tokens(b"def f(:\n  (") == b"def f(:\n  ("

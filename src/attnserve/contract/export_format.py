@@ -258,14 +258,39 @@ def sha256(path) -> str:
 
 
 def code_sha256() -> str:
-    """sha256 of the sources of the `models` and `export` packages (what builds an export's
-    graphs), read as files beside this package's (one distribution installs them all), so that a
-    machine without torch, where they cannot be imported, computes it too."""
+    """sha256 of the code of the `models` and `export` packages (what builds an export's graphs),
+    read as files beside this package's (one distribution installs them all), so that a machine
+    without torch, where they cannot be imported, computes it too. Comments, blank lines and
+    docstrings are left out (code_tokens): an edit of the words about the code makes no new
+    export."""
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted(p for package in ("models", "export") for p in (root / package).rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + code_tokens(path.read_bytes()) + b"\0")
     return digest.hexdigest()
+
+
+def code_tokens(source: bytes) -> bytes:
+    """A Python source's tokens without its comments, blank lines and statements that are a lone
+    string (docstrings: they compute nothing), one per line with its type; the source as it is
+    when it does not tokenize."""
+    import io
+    import tokenize
+
+    try:
+        tokens = [t for t in tokenize.tokenize(io.BytesIO(source).readline) if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    kept, starts = [], (tokenize.ENCODING, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    for i, token in enumerate(tokens):
+        lone_string = (token.type == tokenize.STRING and i > 0 and tokens[i - 1].type in starts
+                       and i + 1 < len(tokens) and tokens[i + 1].type in (tokenize.NEWLINE, tokenize.ENDMARKER))
+        if lone_string:
+            continue
+        if token.type == tokenize.NEWLINE and kept and kept[-1][0] in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING):
+            continue  # the end of a statement left out
+        kept.append((token.type, token.string))
+    return "\n".join(f"{kind} {text}" for kind, text in kept).encode()
 
 
 def package_version(name: str) -> str | None:
