@@ -182,6 +182,7 @@ def minilm_folder(folder: Path, layers: int = 2) -> Path:
     config = json.loads((source / "config.json").read_text())
     config["num_hidden_layers"] = layers
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
     def layer(name: str) -> int:  # encoder.layer.3.attention... -> 3; -1 outside the layers
         match = re.search(r"\.layer\.(\d+)\.", name)
         return int(match.group(1)) if match else -1

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 
-
 def test_a_group_runs_on_one_worker_with_the_installed_pytest_and_xdist(tmp_path):
     """pytest 9.2 silently broke --dist loadgroup (pytest-xdist issue 1386): tests of one group
     were spread over the workers, and the browser tests, which share one page, failed."""

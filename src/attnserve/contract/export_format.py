@@ -264,10 +264,18 @@ def code_sha256() -> str:
     docstrings are left out (code_tokens): an edit of the words about the code makes no new
     export."""
     root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(p for package in ("models", "export") for p in (root / package).rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + code_tokens(path.read_bytes()) + b"\0")
-    return digest.hexdigest()
+    paths = sorted(p for package in ("models", "export") for p in (root / package).rglob("*.py"))
+    # Tokenizing takes 0.1 s and every recipe's name asks: kept while no file's stat changes.
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    if _CODE_DIGEST.get("stamp") != stamp:
+        digest = hashlib.sha256()
+        for path in paths:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + code_tokens(path.read_bytes()) + b"\0")
+        _CODE_DIGEST.update(stamp=stamp, digest=digest.hexdigest())
+    return _CODE_DIGEST["digest"]
+
+
+_CODE_DIGEST: dict = {}
 
 
 def code_tokens(source: bytes) -> bytes:
