@@ -266,7 +266,7 @@ def code_sha256() -> str:
     root = Path(__file__).resolve().parents[1]
     paths = sorted(p for package in ("models", "export") for p in (root / package).rglob("*.py"))
     # Tokenizing takes 0.1 s and every recipe's name asks: kept while no file's stat changes.
-    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    stamp = tuple((str(p), st.st_mtime_ns, st.st_size) for p, st in ((p, p.stat()) for p in paths))
     if _CODE_DIGEST.get("stamp") != stamp:
         digest = hashlib.sha256()
         for path in paths:
