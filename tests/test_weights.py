@@ -90,6 +90,21 @@ def test_tied_tensors_are_stored_once_and_load_into_both_names(tmp_path):
     assert torch.equal(loaded.embed(TEXTS), saved.embed(TEXTS))
 
 
+def test_the_same_tensors_save_to_the_same_bytes(adapted, tmp_path):
+    """safetensors writes its metadata (the model's name and sha256) in a random order per
+    save: each save of the same tensors had one of two sha256s, so an export recipe keyed on
+    the weights missed the cache every other run. Eight saves are one file."""
+    from safetensors import safe_open
+
+    _, encoder, digest = adapted
+    names = [name for name in encoder.state_dict() if ".attention." in name]
+    digests = {save_weights(encoder, tmp_path / str(i), names) for i in range(8)}
+    assert digests == {digest}
+    with safe_open(str(tmp_path / "0" / WEIGHTS_FILE), "pt") as f:
+        assert f.metadata() == {"model_name": "all-MiniLM-L6-v2", "model_sha256": encoder.model.sha256}
+        assert torch.equal(f.get_tensor(names[0]), encoder.state_dict()[names[0]])
+
+
 def test_position_tables_keep_the_trained_rows_and_load_into_any_max_length(tmp_path):
     """The synthesizer's R1/R2 have a row per position: adapted weights keep the rows training
     reached and load into shorter and longer encoders (the other rows stay as they start);

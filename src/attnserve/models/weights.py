@@ -92,7 +92,29 @@ def save_weights(encoder: torch.nn.Module, out_dir, names, position_rows: int = 
     model = getattr(encoder, "model", None)
     # The model the tensors belong to travels in the file too (adapt.json says it as well).
     save_file(tensors, str(path), metadata={"model_name": model.name, "model_sha256": model.sha256} if model else None)
+    sort_metadata(path)
     return sha256(path)
+
+
+def sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's header with its metadata's keys in sorted order, so that the
+    same tensors give the same bytes and sha256 on every save. safetensors writes the metadata
+    in the order of a Rust HashMap, which is random per save (safetensors issue 584): the same
+    `attnserve adapt` run gave weights of another sha256, hence another export recipe, each
+    time. The header keeps its length (the same entries, reordered; padded with spaces, which
+    the format allows), so the tensors' offsets stay as they are."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        metadata = header.get("__metadata__")
+        if not metadata:
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(text) > size:  # not safetensors' own compact form: leave the file as written
+            return
+        f.seek(8)
+        f.write(text.ljust(size))
 
 
 def read_meta(weights_dir) -> dict | None:
