@@ -66,6 +66,19 @@ def unigram_tokenizer(folder: Path) -> int:
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
     trainer = trainers.UnigramTrainer(vocab_size=800, special_tokens=specials, unk_token="<unk>", show_progress=False)
     tokenizer.train_from_iterator([row["text"] for row in read_jsonl(DEV_DOCUMENTS)[:40]], trainer)
+    # The trainer's threads sum its scores in any order (their last digits differ per run), and
+    # it appends the characters it must keep, each a step below the last, in a hash map's order:
+    # tokenizer.json's sha256, hence every export recipe of the folder (the suite's export
+    # cache), would differ per run. Scores rounded, ties by piece, appended characters sorted.
+    spec = json.loads(tokenizer.to_str())
+    entries = [(piece, round(score, 8)) for piece, score in spec["model"]["vocab"][len(specials):]]
+    floor = min(score for piece, score in entries if len(piece) > 1)
+    trained = sorted((entry for entry in entries if entry[1] >= floor), key=lambda entry: (-entry[1], entry[0]))
+    kept = sorted(piece for piece, score in entries if score < floor)
+    step_from = max((score for _, score in entries if score < floor), default=floor)
+    spec["model"]["vocab"] = ([[piece, 0.0] for piece in specials] + [list(entry) for entry in trained]
+                              + [[piece, round(step_from - 1e-4 * i, 8)] for i, piece in enumerate(kept)])
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
     tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>", cls_token="<s>", sep_token="</s>")
