@@ -301,3 +301,48 @@ def test_export_command_errors_exit_nonzero(capsys, tmp_path):
     assert "invalid parameter window" in capsys.readouterr().err
     assert main(["export", "--variant", "local", "--param", "window", "--out", str(tmp_path / "z")]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+MAP_MEMORY_LENGTHS = (2048, 8192)
+_MAP_PEAKS = """
+import json, sys
+import numpy as np
+from attnserve.bench.memory import peak_extra_bytes
+from attnserve.service.runtime import OnnxRunner
+
+runner = OnnxRunner(sys.argv[1], providers=["CPUExecutionProvider"], intra_op_threads=2)
+
+def text(n):
+    ids = np.full((1, n), 2000, np.int64)
+    ids[0, 0], ids[0, -1] = 101, 102
+    return ids, np.ones_like(ids)
+
+runner.attention(*text(64), layer=2)  # opens the analysis graph
+found = {}
+for n in map(int, sys.argv[2:]):
+    extra, _ = peak_extra_bytes(lambda: runner.attention(*text(n), layer=2))
+    found[n] = [extra, runner.attention_cost(n).work_bytes]
+print(json.dumps(found))
+"""
+
+
+def test_a_maps_memory_estimate_bounds_what_its_run_holds(export):
+    """What a map is refused on (MapCost.work_bytes, from the analysis graph's output shapes)
+    against the peak resident growth of computing that map (the analysis run and the COO
+    conversion; one head's run is the same, its COO smaller), in a fresh process, at two lengths
+    4x apart: the estimate is never below what the run holds, is at most 3x it (a looser one
+    refuses maps that fit), and grows from one length to the other as the run does, within 1.6x."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _MAP_PEAKS, str(export[0]), *map(str, MAP_MEMORY_LENGTHS)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    short, long = MAP_MEMORY_LENGTHS
+    (held_short, said_short), (held_long, said_long) = found[str(short)], found[str(long)]
+    for n, held, said in ((short, held_short, said_short), (long, held_long, said_long)):
+        assert held <= said <= 3 * held, f"{n} tokens: held {held / 2**20:.0f} MiB, estimated {said / 2**20:.0f} MiB"
+    growth_held, growth_said = held_long - held_short, said_long - said_short
+    assert growth_held / 1.6 <= growth_said <= 1.6 * growth_held, \
+        f"{short} -> {long} tokens: held +{growth_held / 2**20:.0f} MiB, estimated +{growth_said / 2**20:.0f} MiB"

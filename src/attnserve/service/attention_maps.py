@@ -12,10 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 
 # ONNX Runtime's peak while the analysis graph computes one layer's map, beyond the process's
-# size before it: measured on longformer (window 512) from 20 to 4,000 tokens, from +180 MB to
-# +1,360 MB, under ANALYSIS_RUN_BYTES + ANALYSIS_RUN_FACTOR x the layer's probs (4 bytes each):
+# size before it: ANALYSIS_RUN_BYTES + ANALYSIS_RUN_FACTOR x the layer's probs (4 bytes each):
 # the other layers' activations, the slot scores, masks and softmax of the layer asked for.
-ANALYSIS_RUN_BYTES = 450 * 2**20
+# Measured with the map's conversion to COO (tests/test_export_runtime.py, the bundled MiniLM's
+# longformer, window 512): 550-760 MiB at 1,024 tokens (it varies from run to run there), 620-645
+# at 2,048, 1,285-1,322 at 4,096, 2,528-2,552 at 8,192, where the estimate says 846, 1,132, 1,704
+# and 2,847.
+ANALYSIS_RUN_BYTES = 560 * 2**20
 ANALYSIS_RUN_FACTOR = 8
 # Bytes per non-zero while slot form becomes COO: kept rows and columns (int64), values
 # (float64), the (row, col) keys and np.unique's sort and inverse.
