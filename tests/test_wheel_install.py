@@ -280,6 +280,20 @@ def test_bench_runtime_prints_ratios_and_ceilings(installed, tmp_path):
         assert row["max_abs_diff"] <= 1e-4 and row["gflop"] > 0 and row["ceiling"] > 0 and row["speedup"] > 0
 
 
+def test_bench_maps_measures_each_form_and_says_where_maps_stop(installed, tmp_path):
+    """The HTTP tests' cached export (longformer, 1,024 tokens): a short map in both forms,
+    measured and within its estimate; past max_length a row that says so (no timing asserted)."""
+    installed.run("bench", "maps", "--variants", HTTP_VARIANT, "--max-length", str(HTTP_MAX_LENGTH), "--lengths", "300,2000",
+                  "--top-k", "4", "--threads", "2", "--json", str(tmp_path / "maps.json"), "--exports-dir", str(EXPORTS_ROOT))
+    rows = json.loads((tmp_path / "maps.json").read_text())["rows"]
+    assert [(r["tokens"], r["form"]) for r in rows] == [(300, "grid"), (300, "top_k"), (2000, "grid"), (2000, "top_k")]
+    for row in rows[:2]:
+        assert row["seconds"] > 0 and 0 < row["peak_mib"] <= row["estimate_mib"] and row["status"] == "served by default", row
+    assert all(r["status"] == f"past the export's max_length ({HTTP_MAX_LENGTH})" and "seconds" not in r for r in rows[2:])
+    refused = installed.run("bench", "maps", "--variants", "nope", check=False)
+    assert refused.returncode == 2 and "unknown variant(s) nope" in refused.stderr
+
+
 def test_bench_service_compares_http_with_raw_onnx_runtime(installed, exported):
     out, _ = exported
     said = installed.run("bench", "service", "--export-dir", str(out), "--max-length", "300", "--lengths", "64,200", "--reps", "2",

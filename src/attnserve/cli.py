@@ -147,6 +147,13 @@ def bench_load(parser):
     return service.bench_load
 
 
+def bench_maps(parser):
+    from attnserve.bench import maps
+
+    maps.configure(parser)
+    return maps.bench_maps_command
+
+
 def bench_peers(parser):
     from attnserve.bench import peers
 
@@ -165,6 +172,7 @@ COMMANDS: list[Command] = [
     Command(("bench", "collapse"), "rank collapse of pure attention paths (Dong et al. 2021) per variant, CSV and PNG", bench_collapse),
     Command(("bench", "runtime"), "ONNX Runtime vs PyTorch eager latency ratios per variant and length", bench_runtime),
     Command(("bench", "service"), "HTTP vs raw ONNX Runtime latency, and batching throughput", bench_service),
+    Command(("bench", "maps"), "time and peak memory of attention maps (grid, top-k) per variant and length, as /attention computes them", bench_maps),
     Command(("bench", "peers"), "attnserve (HTTP and in process) against sentence-transformers and fastembed, same model and texts", bench_peers),
     Command(("bench", "load"), "bounded loopback load test with concurrent clients", bench_load),
 ]

@@ -14,10 +14,11 @@ import numpy as np
 # ONNX Runtime's peak while the analysis graph computes one layer's map, beyond the process's
 # size before it: ANALYSIS_RUN_BYTES + ANALYSIS_RUN_FACTOR x the layer's probs (4 bytes each):
 # the other layers' activations, the slot scores, masks and softmax of the layer asked for.
-# Measured with the map's conversion to COO (tests/test_export_runtime.py, the bundled MiniLM's
-# longformer, window 512): 550-760 MiB at 1,024 tokens (it varies from run to run there), 620-645
-# at 2,048, 1,285-1,322 at 4,096, 2,528-2,552 at 8,192, where the estimate says 846, 1,132, 1,704
-# and 2,847.
+# Measured with the map's conversion to COO on the bundled MiniLM's longformer (window 512), in a
+# fresh process (tests/test_export_runtime.py): 550-760 MiB at 1,024 tokens (it varies from run
+# to run there), 620-650 at 2,048, 1,285-1,322 at 4,096, 2,505-2,552 at 8,192; in a process that
+# has served other maps and embeddings (`attnserve bench maps`, docs/results/maps.md) up to 1,073
+# at 2,048 (bigbird) and 2,565 at 8,192. The estimate says 846, 1,132, 1,704 and 2,847.
 ANALYSIS_RUN_BYTES = 560 * 2**20
 ANALYSIS_RUN_FACTOR = 8
 # Bytes per non-zero while slot form becomes COO: kept rows and columns (int64), values
