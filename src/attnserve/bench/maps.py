@@ -4,13 +4,13 @@ For each variant, its export at --max-length (with the analysis graph) is made o
 for each length a dev-set text of that many tokens gets one layer's map, mean over heads, in
 each form the route answers with: a grid (pooled to --max-cells per side, as `format: grid`
 and `png` are with `max_cells`) and a sparse top-k (`format: sparse, top_k`). Each row gives
-the seconds and the peak resident memory above the process's size before the map (the analysis graph's run, the
-conversion of its slot weights to COO, and the reduction to the form), beside the memory
-estimate the server refuses maps on and whether a server with the default limits
+the seconds and the peak resident memory above the process's size before the map (the
+analysis graph's run, the conversion of its slot weights to COO, and the reduction to the
+form), beside the memory estimate the server refuses maps on and whether a server with the default limits
 (max_request_memory_mb 1,024 MB, max_attention_entries 2,000,000) would answer it. A length
 past the export's map limit (`attention_max_length`) is a row that says so.
 
-One timed map per row after one untimed map at the first length (each map runs seconds to
+One timed map per row, after one untimed map at the shortest length (each map runs seconds to
 minutes; the graph's memory goes back after each run).
 """
 from __future__ import annotations
