@@ -25,8 +25,6 @@ from attnserve.bench.runtime import _export, _progress
 
 FORMS = ("grid", "top_k")
 DEFAULT_LENGTHS = (2048, 4096, 16384)
-DEFAULT_BUDGET_MB = 1024
-DEFAULT_ENTRY_LIMIT = 2_000_000
 
 
 def configure(parser) -> None:
@@ -44,15 +42,19 @@ def configure(parser) -> None:
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
 
 
-def text_of(tokenizer, n: int) -> list[int]:
-    """Token ids of the first n tokens (at most the tokenizer's max_length) of the dev documents
-    run together (the bundled man pages)."""
+def dev_text(n: int) -> str:
+    """The dev documents (the bundled man pages) run together, at least n tokens' worth."""
     from attnserve.data import DEV_DOCUMENTS, read_jsonl
 
     words, rows = [], iter(read_jsonl(DEV_DOCUMENTS))
     while len(words) < 2 * n:  # a token is at most one word here; most words are one or more tokens
         words += next(rows)["text"].split()
-    (tokenized,) = tokenizer.encode([" ".join(words)], truncate=True, max_length=n)
+    return " ".join(words)
+
+
+def text_of(tokenizer, text: str, n: int) -> list[int]:
+    """Token ids of the first n tokens of `text` (at most the tokenizer's max_length)."""
+    (tokenized,) = tokenizer.encode([text], truncate=True, max_length=n)
     return tokenized.ids
 
 
@@ -76,9 +78,16 @@ def bench_maps(variants: list[str], lengths: list[int], max_length: int, layer: 
 
     from attnserve.bench.memory import peak_extra_bytes
     from attnserve.export.recipe import Recipe
-    from attnserve.service.attention_maps import SPARSE_ANSWER_BYTES
     from attnserve.service.runtime import OnnxRunner
+    from attnserve.service.settings import Settings
+    from attnserve.service.state import MapAsk, attention_need
     from attnserve.service.tokenizer import TextTokenizer
+
+    # What a server with the default settings refuses maps on.
+    entry_limit = Settings.model_fields["max_attention_entries"].default
+    budget_mb = Settings.model_fields["max_request_memory_mb"].default
+    asks = {"grid": MapAsk(None, lambda m: None, frozenset()), "top_k": MapAsk(None, lambda m: min(m, top_k), frozenset())}
+    text = dev_text(max(lengths))
 
     threads = threads or os.cpu_count() or 1
     root = Path(exports_dir) if exports_dir else Path(tempfile.mkdtemp(prefix="attnserve-bench-maps-"))
@@ -94,9 +103,9 @@ def bench_maps(variants: list[str], lengths: list[int], max_length: int, layer: 
         if not 0 <= layer < runner.num_layers:
             raise ValueError(f"--layer must be in 0..{runner.num_layers - 1} (got {layer})")
         limit = runner.attention_max_length
-        one_map(runner, text_of(tokenizer, min(lengths + [limit])), layer, "grid", max_cells, top_k)  # opens the graph
+        one_map(runner, text_of(tokenizer, text, min(lengths + [limit])), layer, "grid", max_cells, top_k)  # opens the graph
         for n in lengths:
-            ids = text_of(tokenizer, n)
+            ids = text_of(tokenizer, text, n)
             for form in FORMS:
                 row = {"variant": variant, "tokens": n, "form": form, "attention_max_length": limit}
                 rows.append(row)
@@ -106,17 +115,16 @@ def bench_maps(variants: list[str], lengths: list[int], max_length: int, layer: 
                 if n > limit:
                     row["status"] = f"past the export's map limit ({limit} tokens)"
                     continue
-                cost = runner.attention_cost(n)
-                answer = n * top_k if form == "top_k" else 0
-                row["estimate_mib"] = round((cost.work_bytes + answer * SPARSE_ANSWER_BYTES) / 2**20)
+                entries, needed = attention_need(runner, n, asks[form])
+                row["estimate_mib"] = round(needed / 2**20)
                 progress(f"  {variant}: a {form} map of {n} tokens")
                 began = time.perf_counter()
                 extra, _ = peak_extra_bytes(lambda: one_map(runner, ids, layer, form, max_cells, top_k))
                 row["seconds"] = round(time.perf_counter() - began, 2)
                 row["peak_mib"] = round(extra / 2**20)
-                row["status"] = ("served by default" if row["estimate_mib"] <= DEFAULT_BUDGET_MB and answer <= DEFAULT_ENTRY_LIMIT
-                                 else f"needs more than the default {DEFAULT_BUDGET_MB} MB" if row["estimate_mib"] > DEFAULT_BUDGET_MB
-                                 else f"more weights than the default {DEFAULT_ENTRY_LIMIT:,} per answer")
+                row["status"] = (f"needs more than the default {budget_mb} MB" if needed > budget_mb * 2**20
+                                 else f"more weights than the default {entry_limit:,} per answer" if entries > entry_limit
+                                 else "served by default")
         runner = None  # its sessions go before the next variant's are opened
     if not exports_dir:
         import shutil

@@ -189,10 +189,10 @@ class MapAsk:
     sent: frozenset[str]
 
 
-def attention_need(service: ServiceState, n: int, ask: MapAsk) -> tuple[int, int]:
-    """(non-zeros of the answer, bytes held while computing and writing it) for an n-token map:
-    upper bounds from the export's shapes (MapCost)."""
-    cost = service.runner.attention_cost(n, ask.head)
+def attention_need(runner: Runner, n: int, ask: MapAsk) -> tuple[int, int]:
+    """(non-zeros of the answer, bytes held while computing and writing it) for an n-token map
+    of `runner`'s export: upper bounds from its shapes (MapCost)."""
+    cost = runner.attention_cost(n, ask.head)
     per_row = ask.per_row(n)
     answer_entries = 0
     if per_row is not None:
@@ -201,7 +201,7 @@ def attention_need(service: ServiceState, n: int, ask: MapAsk) -> tuple[int, int
 
 
 def _fits(service: ServiceState, n: int, ask: MapAsk) -> bool:
-    entries, needed = attention_need(service, n, ask)
+    entries, needed = attention_need(service.runner, n, ask)
     return entries <= service.settings.max_attention_entries and needed <= service.settings.max_request_memory_mb * 2**20
 
 
@@ -250,7 +250,7 @@ async def check_attention_budget(service: ServiceState, n: int, ask: MapAsk) -> 
         raise ServiceError(413, f"attention maps of {service.variant} are limited to {limit} tokens (every layer's weights are "
                            f"computed at once); this text is {n}: send a shorter text, or truncate=true to cut it to {limit}",
                            "too_long", "inputs")
-    entries, needed = await asyncio.to_thread(attention_need, service, n, ask)
+    entries, needed = await asyncio.to_thread(attention_need, service.runner, n, ask)
     entry_limit, budget = service.settings.max_attention_entries, service.settings.max_request_memory_mb * 2**20
     if entries <= entry_limit and needed <= budget:
         return
