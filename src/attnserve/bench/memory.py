@@ -3,11 +3,14 @@
 Used by the tests (a budget linear in N) and the encoder benchmark. Run as
 `python -m attnserve.bench.memory VARIANT N [N ...]`: prints one line per length, "N extra_bytes".
 
-The peak is the resident set size above what the process held just before the forward:
-ru_maxrss gives it exactly when the forward sets a new record for the process, but loading
-the weights has its own, higher peak that small forwards stay below. So a thread also samples
-the resident size every half millisecond, and freed memory is handed back to the system
-(malloc_trim) before each forward so that the starting point is what is really in use.
+The peak is the resident set size above what the process held just before the forward. On
+Linux the kernel's high-water mark (VmHWM) is reset to the current size before each forward
+(writing 5 to /proc/self/clear_refs), so the mark after it is the forward's own peak, exactly,
+however many forwards and models the process ran before. Where that reset is refused, ru_maxrss
+gives the peak when the forward sets a new record for the process, and a thread samples the
+resident size every half millisecond for the forwards that stay below the weights' loading
+peak. Freed memory is handed back to the system (malloc_trim) before each forward so that the
+starting point is what is really in use.
 """
 from __future__ import annotations
 
@@ -33,6 +36,28 @@ def _record_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def _reset_high_water_mark() -> bool:
+    """Sets the kernel's peak resident size (VmHWM, and with it ru_maxrss) to the current
+    size; False where the kernel or the sandbox does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _high_water_mark() is not None
+
+
+def _high_water_mark() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _trim() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -42,8 +67,13 @@ def _trim() -> None:
 
 def peak_extra_bytes(fn) -> tuple[int, bool]:
     """Bytes above the current resident size at the peak of fn(), and whether that is exact
-    (fn set a new ru_maxrss record) rather than the sampler's reading, which can miss a peak."""
+    (the high-water mark was reset before fn, or fn set a new ru_maxrss record) rather than the
+    sampler's reading, which can miss a peak."""
     _trim()
+    if _reset_high_water_mark():
+        before = _resident_bytes()
+        fn()
+        return max(_high_water_mark() - before, 0), True
     before, record = _resident_bytes(), _record_bytes()
     peak, done = [before], threading.Event()
 
@@ -67,9 +97,19 @@ def peak_extra_bytes(fn) -> tuple[int, bool]:
 def measure(variant: str, lengths: list[int], max_length: int = 16384) -> dict[int, int]:
     """{N: bytes above the loaded model's footprint at the peak of a forward at N tokens},
     each length measured in the same fresh process."""
-    code = f"import json, attnserve.bench.memory as m; print(json.dumps(m._run({variant!r}, {lengths!r}, {max_length})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    return measure_variants([variant], lengths, max_length)[variant]
+
+
+def measure_variants(variants: list[str], lengths: list[int], max_length: int = 16384) -> dict[str, dict[int, int]]:
+    """measure() of each variant, one after another in one fresh process (Python and torch start
+    once): the high-water mark's reset, or the sampler where that is refused, measures each
+    forward against what is resident just before it, not against an earlier model's peak."""
+    code = ("import json, sys, attnserve.bench.memory as m; "
+            "print(json.dumps({v: m._run(v, json.loads(sys.argv[2]), int(sys.argv[3])) for v in json.loads(sys.argv[1])}))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(variants), json.dumps(lengths), str(max_length)],
+                         capture_output=True, text=True, check=True).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    return {v: {int(n): extra for n, extra in found[v].items()} for v in variants}
 
 
 def _run(variant, lengths, max_length):
