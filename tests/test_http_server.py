@@ -335,21 +335,22 @@ def test_serving_needs_neither_torch_nor_models(export_dir):
         assert log.count("CUDA not available: ") == 1, log
 
 
-# A variant that exports quickly at a short max_length: the first-start test pays for one
-# whole export (both graphs and the parity check), as a user's first `attnserve serve` does.
+# A variant that exports quickly at a short max_length, of the bundled MiniLM cut to two layers
+# (the suite's two_layer_minilm folder): the first-start test pays for one whole export (every
+# graph and the parity check), as a user's first `attnserve serve` does.
 FIRST_START_VARIANT = "full"
 FIRST_START_MAX_LENGTH = 512
 
 
-def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
+def test_serve_exports_on_first_start_then_reuses_it(tmp_path, two_layer_minilm):
     from http_server import ServerProcess, free_port
 
     from attnserve.service.exports import export_path
     from attnserve.service.settings import Settings
 
     models_dir = tmp_path / "models"
-    flags = ["--models-dir", str(models_dir), "--variant", FIRST_START_VARIANT, "--max-length", str(FIRST_START_MAX_LENGTH),
-             "--providers", "CPUExecutionProvider"]
+    flags = ["--model", str(two_layer_minilm), "--models-dir", str(models_dir), "--variant", FIRST_START_VARIANT,
+             "--max-length", str(FIRST_START_MAX_LENGTH), "--providers", "CPUExecutionProvider"]
     first = start_real_server(None, *flags, ready_timeout=900)
     try:
         info = httpx.get(first.url + "/info", timeout=60).json()
@@ -358,7 +359,8 @@ def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
         first.stop()
     assert "no export at" in first.log()  # the once-only export warning
     # One finished export where `serve` looks for it, no scratch directory left beside it.
-    export = export_path(Settings(models_dir=models_dir, variant=FIRST_START_VARIANT, max_length=FIRST_START_MAX_LENGTH))
+    export = export_path(Settings(model=str(two_layer_minilm), models_dir=models_dir, variant=FIRST_START_VARIANT,
+                                  max_length=FIRST_START_MAX_LENGTH))
     assert [p.name for p in models_dir.iterdir()] == [export.name]
     assert f"exported into {export}" in first.log()  # the folder it ends in, not its scratch name
     assert "torchvision" not in first.log() and "FutureWarning" not in first.log()
@@ -369,7 +371,8 @@ def test_serve_exports_on_first_start_then_reuses_it(tmp_path):
     assert r.status_code == 200 and len(r.json()) == 1 and len(r.json()[0]) == 384
     written = {p.name: p.stat().st_mtime_ns for p in export.iterdir()}
 
-    # The second start reuses it: torch and models/ are blocked, so exporting again would fail.
+    # The second start reuses it: torch and models/ are blocked, so exporting again would fail, and
+    # the export is found by its manifest under its model-named folder.
     port = free_port()
     second = ServerProcess(["-c", _NO_TORCH, "serve", *flags, "--port", str(port), "--log-level", "warning"], port)
     try:
