@@ -6,7 +6,6 @@ import dataclasses
 import gzip
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -165,10 +164,18 @@ def test_end_to_end_distillation_starts_from_weights_and_keeps_what_it_does_not_
         assert any(not torch.equal(again[n], pretrained[n]) for n in record["trained"] if "attention_out" in n)
 
 
-def test_adapt_command_errors_name_what_to_change(train_file, tmp_path):
+def test_adapt_command_errors_name_what_to_change(train_file, tmp_path, capsys):
+    """The CLI's main() in this process (each refusal comes before any training; a subprocess
+    per case only added a start of Python and torch)."""
+    from attnserve.cli import main
+
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "attnserve", "adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")],
-                              capture_output=True, text=True)
+        try:
+            status = main(["adapt", "variant", *args, "--holdout", "4", "--out", str(tmp_path / "o")])
+        except SystemExit as exc:  # argparse's own refusals
+            status = exc.code
+        said = capsys.readouterr()
+        return subprocess.CompletedProcess(args, status, said.out, said.err)
 
     fixed = run("--variant", "longformer", "--max-length", "512", "--data", str(train_file))
     assert fixed.returncode == 2 and "no parameters of its own" in fixed.stderr and "linformer" in fixed.stderr
