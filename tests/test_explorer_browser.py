@@ -99,6 +99,15 @@ def wait(driver, condition, timeout: float = 300):
     return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: d.execute_script(condition))
 
 
+@pytest.fixture
+def logged_in(server, browser):
+    """The browser on the explorer with the key given: by test_page_loads_and_asks_for_the_key
+    when it ran first, else here, so that each test also runs alone (-k)."""
+    if not browser.execute_script("const l = document.getElementById('layer'); return !!l && l.options.length > 0"):
+        log_in(browser, server.url)
+    return browser
+
+
 def log_in(driver, url: str) -> float:
     """Open the explorer, give it the key, wait until it knows the model; the page's load time (s)."""
     driver.get(url + "/explorer")
@@ -148,7 +157,7 @@ def test_page_loads_and_asks_for_the_key(server, browser):
     assert console_errors(browser) == []
 
 
-def test_short_text_map_hover_click_and_rank_collapse(server, browser):
+def test_short_text_map_hover_click_and_rank_collapse(server, browser, logged_in):
     draw(browser, text_of(30), layer=0)
     answer = browser.execute_script("return state.answer")
     assert answer["n_tokens"] == 30 and answer["cell_tokens"] == 1
@@ -190,7 +199,7 @@ def test_short_text_map_hover_click_and_rank_collapse(server, browser):
     assert console_errors(browser) == []
 
 
-def test_compare_mode_draws_each_peer(server, browser):
+def test_compare_mode_draws_each_peer(server, browser, logged_in):
     """The server is its own peer as http://localhost:port: a cross-origin call with the key,
     answered through CORS, drawn beside the main map and labelled with the peer's variant."""
     box = browser.find_element(By.ID, "compare")
@@ -207,7 +216,7 @@ def test_compare_mode_draws_each_peer(server, browser):
     assert console_errors(browser) == []
 
 
-def test_long_text_map_zoom_and_timing(server, browser):
+def test_long_text_map_zoom_and_timing(server, browser, logged_in):
     text = text_of(4000)
     body = {"inputs": text, "layer": 1, "head": None, "format": "grid", "max_cells": 256, "truncate": True}
     with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {API_KEY}"}, timeout=300) as client:
