@@ -170,8 +170,9 @@ def test_service_names_serves_and_reports_the_weights(adapted, served_export, tm
     export_dir, settings = served_export
     plain = Settings(variant=VARIANT, max_length=MAX_LENGTH, models_dir=settings.models_dir)
     assert export_dir == export_path(settings) != export_path(plain)
-    assert export_dir.name == export_name(settings_recipe(settings)) and settings_recipe(settings)["weights_sha256"] == digest
-    assert export_path(plain).name == export_name(settings_recipe(plain)) and settings_recipe(plain)["weights_sha256"] is None
+    weighted, pretrained = settings_recipe(settings), settings_recipe(plain)  # each asks the exporter, a process of its own
+    assert export_dir.name == export_name(weighted) and weighted["weights_sha256"] == digest
+    assert export_path(plain).name == export_name(pretrained) and pretrained["weights_sha256"] is None
     assert ensure_export(settings) == export_dir  # found again by its name, not exported twice
 
     # /info through the whole serving path: settings -> export found by name -> runner.
