@@ -1,0 +1,58 @@
+"""attnserve.bench.memory's peak: what a call allocates, read exactly after the process has
+held more before it (the high-water mark's reset), and by ru_maxrss or the sampler where the
+kernel refuses that reset."""
+from __future__ import annotations
+
+import numpy as np
+
+from attnserve.bench import memory
+
+MIB = 2**20
+
+
+def allocate(mib: int):
+    """A call that touches `mib` MiB and frees it before it returns."""
+    def call():
+        block = np.ones(mib * MIB // 8)
+        return float(block[-1])
+    return call
+
+
+def test_a_call_below_an_earlier_peak_is_measured_exactly():
+    allocate(400)()  # the process's record is now 400 MiB above where the calls start
+    extra, exact = memory.peak_extra_bytes(allocate(120))
+    assert exact and 115 * MIB <= extra <= 135 * MIB, extra / MIB
+
+
+FALLBACK = """
+import json
+import numpy as np
+from attnserve.bench import memory
+
+memory._reset_high_water_mark = lambda: False  # as where the kernel refuses it
+MIB = 2**20
+
+def allocate(mib):
+    def call():
+        return float(np.ones(mib * MIB // 8)[-1])
+    return call
+
+allocate(200)()
+lower = memory.peak_extra_bytes(allocate(120))  # below the record: the sampler's reading
+above = (memory._record_bytes() - memory._resident_bytes()) // MIB + 150
+higher = memory.peak_extra_bytes(allocate(above))  # past the record: ru_maxrss, exact
+print(json.dumps([lower, higher, above]))
+"""
+
+
+def test_without_the_reset_a_new_record_is_exact_and_a_lower_call_is_sampled():
+    """In a fresh process, whose record is the 200 MiB block's (a test worker's may be gigabytes)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FALLBACK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (lower, lower_exact), (higher, higher_exact), above = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not lower_exact and lower <= 135 * MIB, lower / MIB  # the sampler may miss a peak, never invent one
+    assert above < 400 and higher_exact and higher >= (above - 10) * MIB, (higher / MIB, above)
