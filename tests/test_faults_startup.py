@@ -161,7 +161,13 @@ def test_export_cache_keys_on_the_recipe(tmp_path, monkeypatch, caplog):
         raise ImportError("No module named 'torch'")
 
     monkeypatch.setattr(exports, "settings_recipe", no_torch)
+    # A newer export still under way, in its scratch folder (".<name>-..."), is not finished: not served.
+    scratch = models_dir / f".{upgraded.name}-x1y2z3"
+    shutil.copytree(upgraded, scratch)
+    newer = json.loads((scratch / "manifest.json").read_text())
+    (scratch / "manifest.json").write_text(json.dumps({**newer, "created": "2026-12-02T00:00:00Z"}))
     assert ensure_export(Settings(models_dir=models_dir, max_length=512)) == upgraded
+    shutil.rmtree(scratch)
     monkeypatch.undo()
     monkeypatch.setattr(exports, "settings_recipe", no_torch)
     assert ensure_export(Settings(models_dir=models_dir, max_length=512, params={"window": "256"})) == other

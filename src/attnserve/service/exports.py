@@ -240,10 +240,13 @@ def served_schedule(settings: Settings) -> str:
 def _cached(settings: Settings) -> list[tuple[Path, Manifest]]:
     """(directory, manifest) of each finished export under models_dir for this variant,
     max_length and precision, newest first. An own model's folders start with its name
-    (export_name), hence the leading wildcard; the manifest says what each holds."""
+    (export_name), hence the leading wildcard; the manifest says what each holds. Scratch
+    folders of exports under way (".<name>-...") are not finished exports."""
     found = []
     variant = served_schedule(settings)
     for manifest_path in settings.models_dir.glob(f"*{schedule_slug(variant)}-L{settings.max_length}-*/manifest.json"):
+        if manifest_path.parent.name.startswith("."):
+            continue
         try:
             manifest = read_manifest(manifest_path.parent)
         except ExportError:
