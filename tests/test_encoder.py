@@ -8,12 +8,10 @@ from attnserve.models import load_encoder, variant_names
 from attnserve.models.api import pad_batch
 from attnserve.export.verify import DISCONTINUOUS_MIN_COSINE
 from attnserve.models.registry import variant_class
-from attnserve.bench.memory import measure_variants
 from attnserve.models.pretrained import model_dir
 from attnserve.data import DEV_DOCUMENTS, read_jsonl
 
 ROWS = read_jsonl(DEV_DOCUMENTS)
-SUB_QUADRATIC = ["local", "strided", "global", "longformer", "bigbird", "lsh", "sinkhorn", "linformer"]
 
 
 def real_sentences():
@@ -79,31 +77,6 @@ def test_two_loads_are_identical(variant, encoders):
     random Synthesizer, projections), on a document past 512 tokens (each table is drawn whole)."""
     doc = [long_text(420, 12)]
     assert torch.equal(encoders(variant).embed(doc), load_encoder(variant, max_length=4096).embed(doc))
-
-
-MEMORY_LENGTHS = (1024, 4096)  # 4x the tokens: 4x the memory if linear, 16x if anything is N x N
-MEMORY_VARIANTS = SUB_QUADRATIC + ["full", "compressed", "synthesizer"]
-
-
-@pytest.fixture(scope="module")
-def peak_memory() -> dict[str, dict[int, int]]:
-    """Every variant's peak at both lengths, measured one variant after another in one fresh
-    process (Python and torch start once, not once per variant)."""
-    return measure_variants(MEMORY_VARIANTS, list(MEMORY_LENGTHS), max_length=MEMORY_LENGTHS[1])
-
-
-@pytest.mark.xdist_group("test_encoder_memory")  # one worker, so the fixture's process runs once
-@pytest.mark.parametrize("variant", MEMORY_VARIANTS)
-def test_peak_memory_is_linear_in_n(variant, peak_memory):
-    """Peak memory of one forward, at two lengths: 4x the tokens may cost at most 6x the memory
-    (an N x N tensor alone makes it 16x: 12 heads of 1,024^2 float32 are 50 MB, of 4,096^2
-    805 MB), and the longer stays within 80 KB per token (328 MB, less than half of one layer's
-    12 N x N score matrices at 4,096 tokens). The peak is the kernel's exact high-water mark,
-    transients included: bigbird's measured 181-217 MiB at 4,096 tokens over runs."""
-    short, long = MEMORY_LENGTHS
-    extra = peak_memory[variant]
-    assert extra[long] <= 80 * 1024 * long, f"{extra[long] / 2**20:.0f} MiB at {long} tokens"
-    assert extra[long] <= 6 * max(extra[short], 1), f"{extra[short] / 2**20:.0f} -> {extra[long] / 2**20:.0f} MiB"
 
 
 def test_empty_text_is_the_empty_document(encoders):

@@ -10,7 +10,8 @@ however many forwards and models the process ran before. Where that reset is ref
 gives the peak when the forward sets a new record for the process, and a thread samples the
 resident size every half millisecond for the forwards that stay below the weights' loading
 peak. Freed memory is handed back to the system (malloc_trim) before each forward so that the
-starting point is what is really in use.
+starting point is what is really in use, and the measuring process maps each large allocation
+on its own (measuring_env), so that its resident size is what is live.
 """
 from __future__ import annotations
 
@@ -106,10 +107,29 @@ def measure_variants(variants: list[str], lengths: list[int], max_length: int = 
     forward against what is resident just before it, not against an earlier model's peak."""
     code = ("import json, sys, attnserve.bench.memory as m; "
             "print(json.dumps({v: m._run(v, json.loads(sys.argv[2]), int(sys.argv[3])) for v in json.loads(sys.argv[1])}))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(variants), json.dumps(lengths), str(max_length)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(fresh_python("-c", code, json.dumps(variants), json.dumps(lengths), str(max_length)),
+                         capture_output=True, text=True, check=True, env=measuring_env()).stdout
     found = json.loads(out.strip().splitlines()[-1])
     return {v: {int(n): extra for n, extra in found[v].items()} for v in variants}
+
+
+def fresh_python(*args: str) -> list[str]:
+    """The command of a Python child of this interpreter whose record (ru_maxrss) starts at its
+    own size. Linux carries a process's peak resident size over fork and exec into the child's
+    record, so a child started straight from a test worker or a benchmark that has held
+    gigabytes would start with their record, and no call of its own would set a new one (where
+    the high-water mark cannot be reset, only a new record is exact). A shell started in between
+    forks the child from its own small size."""
+    return ["sh", "-c", '"$0" "$@"; exit $?', sys.executable, *args]
+
+
+def measuring_env() -> dict[str, str]:
+    """The environment of a measuring child: glibc maps every allocation of 64 KiB or more on its
+    own and unmaps it when freed (a fixed mmap threshold, which glibc otherwise raises as blocks
+    are freed), so the resident size follows what is live rather than what the heap kept from
+    earlier calls: the same forward then reads the same peak, to the MiB, on an idle or a busy
+    machine (without it, by up to a third between runs)."""
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
 
 
 def _run(variant, lengths, max_length):
