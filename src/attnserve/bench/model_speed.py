@@ -8,8 +8,9 @@ makes (without the attention-map graphs), cached under --exports-dir; transforme
 folder with its default attention for the CPU (AutoModel, no code from the folder). Where a
 deployment is the model's own attention, its pooled vector is compared with transformers'
 last hidden states pooled as the folder says (max abs difference). Peak memory is measured
-for every system and length in a fresh process (attnserve.bench.memory.peak_extra_bytes:
-resident bytes above the loaded model's at the peak of one call).
+for every system and length in a fresh process, as attnserve.bench.memory measures
+(peak_extra_bytes: resident bytes above the loaded model's at the peak of one call, exact, with
+every large allocation mapped on its own).
 
 Lengths past the model's trained positions run only in attnserve (transformers stops at its
 max_position_embeddings); the table gives each deployment's time per token against its own at
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -113,9 +113,11 @@ def _peak(system: str, model_dir: str, export_dir: str | None, threads: int, n: 
 
 
 def measure_peak(system: str, folder, export_dir, threads: int, n: int) -> int:
+    from attnserve.bench.memory import fresh_python, measuring_env
+
     code = ("import json, sys; from attnserve.bench.model_speed import _peak; "
             f"print(json.dumps(_peak({system!r}, {str(folder.dir)!r}, {str(export_dir) if export_dir else None!r}, {threads}, {n})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run(fresh_python("-c", code), capture_output=True, text=True, env=measuring_env())
     if out.returncode != 0:
         return -1  # it did not fit, or failed: the table says so
     return int(out.stdout.strip().splitlines()[-1])
