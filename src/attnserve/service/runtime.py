@@ -185,6 +185,13 @@ class OnnxRunner:
         }[self._options["level"]]
         available = set(ort.get_available_providers())
         providers = [p for p in self.session_providers if p in available] or ["CPUExecutionProvider"]
+        if arena and providers == ["CPUExecutionProvider"]:
+            # ORT's planner gives a dead tensor's buffer to a later one of the same size and keeps
+            # every such buffer for the whole run, so a deep encoder holds a dozen of them at
+            # once. Embedding graphs run without that reuse (DEVELOPERS.md, "Peak memory"); the
+            # maps' graphs keep it: they hold every layer's weights to the end anyway, and
+            # measured no lower without it.
+            options.enable_mem_reuse = False
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs
