@@ -57,3 +57,27 @@ def test_without_the_reset_a_new_record_is_exact_and_a_lower_call_is_sampled():
     (lower, lower_exact), (higher, higher_exact), above = json.loads(done.stdout.strip().splitlines()[-1])
     assert not lower_exact and lower <= 135 * MIB, lower / MIB  # the sampler may miss a peak, never invent one
     assert above < 400 and higher_exact and higher >= (above - 10) * MIB, (higher / MIB, above)
+
+
+def test_page_in_mapped_makes_a_mapped_file_resident(tmp_path):
+    """bench encoder --model counts a call's memory above the weights: ONNX Runtime maps an
+    export's data file and pages in what a text touches, so the bench makes the mapping resident
+    first. Here a 32 MiB file mapped and never read becomes resident in this process."""
+    import mmap
+    import re
+    from pathlib import Path
+
+    from attnserve.bench.model_speed import page_in_mapped
+
+    path = tmp_path / "weights.data"
+    path.write_bytes(np.random.default_rng(0).bytes(32 << 20))
+
+    def resident() -> int:
+        text = Path("/proc/self/smaps").read_text()
+        block = text[text.index(str(path)):]
+        return int(re.search(r"^Rss:\s+(\d+) kB", block, re.M).group(1)) * 1024
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ):
+        before = resident()
+        page_in_mapped(tmp_path)
+        assert before < (1 << 20) and resident() == 32 << 20, (before, resident())
