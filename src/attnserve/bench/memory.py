@@ -25,6 +25,8 @@ import threading
 
 import torch
 
+from attnserve.bench.procfs import proc_bytes
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -49,14 +51,7 @@ def _reset_high_water_mark() -> bool:
 
 
 def _high_water_mark() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return proc_bytes("/proc/self/status", "VmHWM")
 
 
 def _trim() -> None:

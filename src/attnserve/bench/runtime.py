@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from attnserve.bench.flops import count_flops, matmul_peak_flops
+from attnserve.bench.procfs import proc_bytes
 from attnserve.bench.timing import interleaved_medians, median_seconds
 
 DEFAULT_LENGTHS = (512, 4096, 16384)
@@ -94,14 +95,8 @@ def _export(recipe, root: Path, log) -> Path:
 
 
 def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 40
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return 1 << 40 if available is None else available
 
 
 def _ort_dense_bytes(provider: str, batch: int, length: int, heads: int, config) -> int:

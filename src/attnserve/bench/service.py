@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from attnserve.bench.procfs import proc_bytes
 from attnserve.data import DEV_DOCUMENTS, read_jsonl
 from attnserve.contract.export_format import parse_params
 
@@ -319,13 +320,7 @@ async def closed_loop(url: str, texts: list[str], clients: int, duration: float,
 
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (Linux /proc), 0 where it cannot be read."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_bytes(f"/proc/{pid}/status", "VmRSS") or 0
 
 
 def _merge(runs: list[dict]) -> dict:
