@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.bench.provenance import commit, cpu_model, library_versions
+
 TRANSFORMERS = "transformers"
 
 
@@ -207,8 +209,9 @@ def bench_model(args) -> int:
     for row in tqdm(rows, desc="peak memory", unit="run"):
         export_dir = None if row["system"] == TRANSFORMERS else exports[row["system"]][1]
         row["peak_extra_bytes"] = measure_peak(row["system"], folder, export_dir, threads, row["tokens"])
-    report = {"model": folder.describe(), "cpu": cpu_model(), "threads": threads, "repeats": args.repeats, "rows": rows,
-              "versions": {name: _version(name) for name in ("torch", "transformers", "onnxruntime", "attnserve")}}
+    report = {"model": folder.describe(), "cpu": cpu_model(), "commit": commit(), "threads": threads, "repeats": args.repeats,
+              "rows": rows,
+              "versions": library_versions(("attnserve", "onnxruntime-gpu", "torch", "transformers", "tokenizers", "numpy"))}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(table(rows)))
     print(f"\nwrote {out / 'results.json'}")
@@ -248,23 +251,3 @@ def table(rows: list[dict]) -> list[str]:
 
 def _mib(value) -> str:
     return "failed" if value is None or value < 0 else f"{value / 2**20:.0f}"
-
-
-def _version(name: str) -> str | None:
-    """A module's own __version__ (onnxruntime's distribution is onnxruntime-gpu)."""
-    import importlib
-
-    try:
-        return importlib.import_module(name).__version__
-    except (ImportError, AttributeError):
-        return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
-
-        return platform.processor() or platform.machine()

@@ -50,11 +50,11 @@ import subprocess
 import sys
 import time
 import venv
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from attnserve.bench.provenance import commit, cpu_model, library_versions
 from attnserve.bench.service import (
     ServerProcess,
     closed_loop,
@@ -470,19 +470,13 @@ def summarize(runs: list[dict], peers: list[str]) -> list[dict]:
 
 # -- what the run ran on ---------------------------------------------------------------------------
 def machine() -> dict:
-    from attnserve.bench.model_speed import cpu_model
-
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def versions(python: dict) -> dict:
     """This environment's libraries, and each peer venv's (fastembed and the onnxruntime it brings)."""
-    out = {}
-    for name in ("attnserve", "onnxruntime-gpu", "torch", "transformers", "sentence-transformers", "tokenizers", "numpy", "uvicorn", "fastapi"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    out = library_versions(("attnserve", "onnxruntime-gpu", "torch", "transformers", "sentence-transformers", "tokenizers",
+                            "numpy", "uvicorn", "fastapi"))
     wanted = {"fastembed": ("fastembed", "onnxruntime", "tokenizers", "numpy"),
               "infinity": ("infinity-emb", "torch", "sentence-transformers", "transformers", "numpy", "uvicorn"),
               "infinity-onnx": ("infinity-emb", "optimum", "optimum-onnx", "onnxruntime", "transformers", "numpy")}
@@ -492,16 +486,6 @@ def versions(python: dict) -> dict:
             said = subprocess.run([str(python[peer]), "-c", script], capture_output=True, text=True, check=True)
             out[f"{peer} venv"] = json.loads(said.stdout)
     return out
-
-
-def commit() -> str | None:
-    """The checkout's commit, where attnserve runs from one (None for an installed wheel), with
-    "+changes" where its tracked files differ from it."""
-    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return None
-    clean = subprocess.run(["git", "-C", str(HERE), "diff", "--quiet", "HEAD"], check=False).returncode == 0
-    return done.stdout.strip() + ("" if clean else "+changes")
 
 
 def fastembed_record(folder: Path | None) -> dict | None:
