@@ -178,3 +178,26 @@ def test_every_variant_that_carries_rotary_positions_runs_on_it(folder):
     for name in carried:
         vectors = load_encoder(name, 512, model=folder).embed(TEXTS[:2])
         assert torch.isfinite(vectors).all() and torch.allclose(vectors.norm(dim=1), torch.ones(2), atol=1e-5), name
+
+
+def test_bench_encoder_times_the_folder_against_transformers(folder, tmp_path):
+    """`attnserve bench encoder --model DIR`, the command behind docs/results/modernbert.md, on
+    the small folder at one short length: the native deployment's vector equals transformers'
+    pooled one, both systems get a time and a peak, and results.json says what ran it. Its export
+    (no maps, max_length the longest length) is kept in the suite's export cache."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, "-m", "attnserve", "bench", "encoder", "--model", str(folder), "--lengths", "100",
+                           "--deployment", "native", "--threads", "1", "--repeats", "1", "--exports-dir", str(EXPORTS_ROOT),
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| native | 100 |" in done.stdout and "| transformers | 100 |" in done.stdout, done.stdout
+    report = json.loads((out / "results.json").read_text())
+    rows = {row["system"]: row for row in report["rows"]}
+    assert sorted(rows) == ["native", "transformers"] and {row["tokens"] for row in rows.values()} == {100}
+    assert rows["native"]["schedule"] == "full,local*2,full" and rows["native"]["max_abs_diff_to_transformers"] <= 1e-4
+    assert all(row["seconds"] > 0 and row["peak_extra_bytes"] > 0 for row in rows.values()), rows
+    assert report["model"]["architecture"] == "modernbert" and report["threads"] == 1 and report["commit"]
+    assert all(report["versions"][name] for name in ("attnserve", "onnxruntime-gpu", "torch", "transformers")), report["versions"]
