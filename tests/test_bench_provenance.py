@@ -2,7 +2,8 @@
 import subprocess
 from pathlib import Path
 
-from attnserve.bench.provenance import commit, cpu_model, library_versions
+from attnserve.bench.provenance import commit, cpu_model
+from attnserve.contract.export_format import package_version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,6 +15,6 @@ def test_commit_names_the_checkout_and_marks_local_changes():
 
 
 def test_versions_and_cpu():
-    versions = library_versions(("onnxruntime-gpu", "numpy", "no-such-distribution"))
+    versions = {name: package_version(name) for name in ("onnxruntime-gpu", "numpy", "no-such-distribution")}
     assert versions["onnxruntime-gpu"] and versions["numpy"] and versions["no-such-distribution"] is None
     assert cpu_model()

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.bench.provenance import commit, cpu_model, library_versions
+from attnserve.bench.provenance import commit, cpu_model
+from attnserve.contract.export_format import package_version
 
 TRANSFORMERS = "transformers"
 
@@ -211,7 +212,8 @@ def bench_model(args) -> int:
         row["peak_extra_bytes"] = measure_peak(row["system"], folder, export_dir, threads, row["tokens"])
     report = {"model": folder.describe(), "cpu": cpu_model(), "commit": commit(), "threads": threads, "repeats": args.repeats,
               "rows": rows,
-              "versions": library_versions(("attnserve", "onnxruntime-gpu", "torch", "transformers", "tokenizers", "numpy"))}
+              "versions": {name: package_version(name) for name in ("attnserve", "onnxruntime-gpu", "torch", "transformers",
+                                                                "tokenizers", "numpy")}}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(table(rows)))
     print(f"\nwrote {out / 'results.json'}")

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.bench.provenance import commit, cpu_model, library_versions
+from attnserve.bench.provenance import commit, cpu_model
 from attnserve.bench.service import (
     ServerProcess,
     closed_loop,
@@ -62,6 +62,7 @@ from attnserve.bench.service import (
     percentile,
     start_serve,
 )
+from attnserve.contract.export_format import package_version
 
 HERE = Path(__file__).resolve().parent
 # fastembed with the onnxruntime (CPU build) of the same version as attnserve's onnxruntime-gpu.
@@ -475,8 +476,8 @@ def machine() -> dict:
 
 def versions(python: dict) -> dict:
     """This environment's libraries, and each peer venv's (fastembed and the onnxruntime it brings)."""
-    out = library_versions(("attnserve", "onnxruntime-gpu", "torch", "transformers", "sentence-transformers", "tokenizers",
-                            "numpy", "uvicorn", "fastapi"))
+    out = {name: package_version(name) for name in ("attnserve", "onnxruntime-gpu", "torch", "transformers",
+                                                    "sentence-transformers", "tokenizers", "numpy", "uvicorn", "fastapi")}
     wanted = {"fastembed": ("fastembed", "onnxruntime", "tokenizers", "numpy"),
               "infinity": ("infinity-emb", "torch", "sentence-transformers", "transformers", "numpy", "uvicorn"),
               "infinity-onnx": ("infinity-emb", "optimum", "optimum-onnx", "onnxruntime", "transformers", "numpy")}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,14 +24,3 @@ def commit() -> str | None:
         return None
     clean = subprocess.run(["git", "-C", str(HERE), "diff", "--quiet", "HEAD"], check=False).returncode == 0
     return done.stdout.strip() + ("" if clean else "+changes")
-
-
-def library_versions(names: tuple[str, ...]) -> dict[str, str | None]:
-    """Installed distributions' versions by name (None where one is not installed)."""
-    out = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
