@@ -90,3 +90,29 @@ def check_parity(variant: str, max_length: int, cases: list[list[int]], model=No
             # encoder's own (tests/test_collapse.py checks it on the exports with analysis graphs).
             expected = [float(rank_collapse_ratio(x)[0]) for x in states]
             np.testing.assert_allclose(runner.rank_collapse(ids, mask), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["longformer", "local", "bigbird"])
+def test_a_block_mask_reaches_the_kernel_once_not_once_per_head(variant, two_layer_minilm):
+    """The block-sparse attention hands ONNX Runtime's kernel the blocks as its batch and the
+    heads as its heads, so that a mask the heads share is broadcast, never copied per head
+    (ONNX has no stride-0 views: that copy was as large as the scores, and at 8,192 tokens the
+    longformer export's peak went from 743 to 577 MiB without it). Read from the embedding
+    graph's own shapes: every masked Attention node's query has the model's heads, its mask one.
+    BigBird's mask is the same for every query of a block, so its blocks need no mask node at
+    all: they run as the unmasked MultiHeadAttention kernel (onnx_friendly_attention)."""
+    import onnx
+
+    # The exports test_onnx_runtime_matches_pytorch checks (the suite's cache holds them).
+    shared = variant == SHARED_VARIANT
+    export_dir, encoder = get_export(variant, SHARED_MAX_LENGTH if shared else LONG, model=None if shared else two_layer_minilm)
+    model = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
+    shapes = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    masked = [node for node in model.graph.node if node.op_type == "Attention" and len(node.input) > 3 and node.input[3]]
+    unmasked = [node for node in model.graph.node if node.op_type == "MultiHeadAttention"]
+    if variant == "bigbird":
+        assert not masked and len(unmasked) >= encoder.shape.num_layers, [n.op_type for n in masked + unmasked]
+    assert masked or variant == "bigbird", f"{variant}: no masked Attention node in model.onnx"
+    for node in masked:
+        query, mask = shapes[node.input[0]], shapes[node.input[3]]
+        assert query[1] == encoder.shape.num_heads and mask[1] == 1, f"{variant}: query {query}, mask {mask}"

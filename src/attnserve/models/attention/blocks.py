@@ -26,9 +26,21 @@ def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):
         return torch.einsum("bhnqk,bhnkd->bhnqd", probs, v_ctx), probs
     batch, heads, nb, bs, dim = q.shape
     ctx = k_ctx.shape[3]
+    bias = torch.where(allowed, 0.0, MASKED).to(q.dtype)
+    if torch.compiler.is_exporting():
+        # Blocks fold into the kernel's batch and heads stay its heads, so that a mask shared
+        # by the heads is one (B * nb, 1, bs|1, S) tensor the kernel broadcasts. Folded the
+        # other way the mask must be expanded over the heads, and ONNX has no stride-0 views:
+        # the copy is as large as the scores (0.5 GB a layer for longformer at 16,384 tokens).
+        # The blocks-major q and contexts cost a transpose each, a fifth of that.
+        def fold(x):
+            return x.transpose(1, 2).reshape(batch * nb, x.shape[1], x.shape[3], x.shape[4])
+
+        out = F.scaled_dot_product_attention(fold(q), fold(k_ctx), fold(v_ctx), attn_mask=fold(bias), scale=scale)
+        return out.view(batch, nb, heads, bs, dim).transpose(1, 2), None
     # Heads and batch fold into the kernel's batch, blocks into its head dim; a mask shared
     # by all heads is expanded as a stride-0 view (no copy when batch is 1).
-    bias = torch.where(allowed, 0.0, MASKED).to(q.dtype).expand(batch, heads, nb, bs, ctx).reshape(batch * heads, nb, bs, ctx)
+    bias = bias.expand(batch, heads, nb, bs, ctx).reshape(batch * heads, nb, bs, ctx)
     out = F.scaled_dot_product_attention(
         q.reshape(batch * heads, nb, bs, dim), k_ctx.reshape(batch * heads, nb, ctx, dim),
         v_ctx.reshape(batch * heads, nb, ctx, dim), attn_mask=bias, scale=scale,
