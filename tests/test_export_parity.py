@@ -94,13 +94,14 @@ def check_parity(variant: str, max_length: int, cases: list[list[int]], model=No
 
 @pytest.mark.parametrize("variant", ["longformer", "local", "bigbird"])
 def test_a_block_mask_reaches_the_kernel_once_not_once_per_head(variant, two_layer_minilm):
-    """The block-sparse attention hands ONNX Runtime's kernel the blocks as its batch and the
-    heads as its heads, so that a mask the heads share is broadcast, never copied per head
-    (ONNX has no stride-0 views: that copy was as large as the scores, and at 8,192 tokens the
-    longformer export's peak went from 743 to 577 MiB without it). Read from the embedding
-    graph's own shapes: every masked Attention node's query has the model's heads, its mask one.
-    BigBird's mask is the same for every query of a block, so its blocks need no mask node at
-    all: they run as the unmasked MultiHeadAttention kernel (onnx_friendly_attention)."""
+    """MiniLM's narrow heads (32 dimensions against 128-token blocks): the block-sparse
+    attention hands ONNX Runtime's kernel the blocks as its batch and the heads as its heads,
+    so that a mask the heads share is broadcast, never copied per head (ONNX has no stride-0
+    views: that copy was as large as the scores, and at 8,192 tokens the longformer export's
+    peak went from 743 to 577 MiB without it). Read from the embedding graph's own shapes:
+    every masked Attention node's query has the model's heads, its mask one. BigBird's mask is
+    the same for every query of a block, so its blocks need no mask node at all: they run as
+    the unmasked MultiHeadAttention kernel (onnx_friendly_attention)."""
     import onnx
 
     # The exports test_onnx_runtime_matches_pytorch checks (the suite's cache holds them).

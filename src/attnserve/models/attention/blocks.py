@@ -27,12 +27,17 @@ def context_attention(q, k_ctx, v_ctx, allowed, scale, need_weights=False):
     batch, heads, nb, bs, dim = q.shape
     ctx = k_ctx.shape[3]
     bias = torch.where(allowed, 0.0, MASKED).to(q.dtype)
-    if torch.compiler.is_exporting():
-        # Blocks fold into the kernel's batch and heads stay its heads, so that a mask shared
-        # by the heads is one (B * nb, 1, bs|1, S) tensor the kernel broadcasts. Folded the
-        # other way the mask must be expanded over the heads, and ONNX has no stride-0 views:
-        # the copy is as large as the scores (0.5 GB a layer for longformer at 16,384 tokens).
-        # The blocks-major q and contexts cost a transpose each, a fifth of that.
+    rows = allowed.shape[3]  # bs, or 1 where every query of a block sees the same keys
+    if torch.compiler.is_exporting() and (rows == 1 or dim * (bs + 2 * ctx) < bs * ctx):
+        # ONNX has no stride-0 views: the mask expanded over the heads below is a copy as large
+        # as the kernel's scores (0.5 GB a layer for MiniLM longformer at 16,384 tokens). With
+        # the blocks folded into the kernel's batch and the heads kept as its heads, the kernel
+        # broadcasts one (B * nb, 1, bs|1, S) mask instead, for a transpose of the queries and
+        # both contexts: cheaper where a head is narrow against the block (MiniLM's 32 against
+        # 128), dearer where it is wide (ModernBERT's local layers: 64 against 32). A mask the
+        # same for every query of a block (bigbird's) always folds so: it becomes a key bias of
+        # the unmasked kernel (onnx_friendly_attention), which stores no scores, and that
+        # kernel's heads must be the model's, a fixed number, not the blocks.
         def fold(x):
             return x.transpose(1, 2).reshape(batch * nb, x.shape[1], x.shape[3], x.shape[4])
 
